@@ -1,0 +1,1 @@
+"""The bootstrap peer: the swarm's entry point, a Kademlia DHT server."""

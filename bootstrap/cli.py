@@ -1,0 +1,69 @@
+"""``echo-bootstrap``: run a bootstrap peer (a Kademlia DHT server) for the swarm."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol.config import ConfigError, Parser, add_arguments, fail, resolve, setting
+
+PROG = "echo-bootstrap"
+ENV_PREFIX = "ECHO_BOOTSTRAP"
+
+
+@dataclass(frozen=True)
+class BootstrapConfig:
+    listen: list[str] = setting(["/ip4/0.0.0.0/tcp/4001"], "multiaddr to listen on")
+    identity: Path = setting(
+        Path.home() / ".echo-swarm" / "bootstrap.key",
+        "key file (created if absent); the same file always gives the same peer id",
+    )
+    bootstrap: list[str] = setting([], "other bootstrap peers to join (with /p2p/<id>)")
+    bootstrap_timeout_s: float = setting(10.0, "deadline to dial one other bootstrap peer", lo=1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = Parser(
+        prog=PROG,
+        description="Run a bootstrap peer for an Echo Swarm: a long-lived Kademlia DHT server "
+        "through which learners and volunteer nodes find each other. Prints its full "
+        "multiaddr (give it to others as --bootstrap) and runs until Ctrl-C.",
+    )
+    add_arguments(parser, BootstrapConfig)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log DHT activity")
+    args = parser.parse_args(argv)
+    try:
+        config = resolve(BootstrapConfig, args, ENV_PREFIX)
+    except ConfigError as exc:
+        fail(PROG, str(exc))
+
+    from protocol import logs
+
+    logs.setup(args.verbose)
+
+    import trio
+
+    from protocol.host import BadMultiaddr, full_addrs
+    from protocol.identity import KeyFileError, load_or_create
+    from protocol.runtime import run_until_signal
+    from protocol.swarm import BootstrapUnreachable, connect_bootstrap, open_swarm
+
+    try:
+        identity = load_or_create(config.identity)
+    except KeyFileError as exc:
+        fail(PROG, str(exc))
+
+    async def serve() -> None:
+        async with open_swarm(identity, config.listen, server=True) as swarm:
+            await connect_bootstrap(swarm, config.bootstrap, config.bootstrap_timeout_s)
+            for addr in full_addrs(swarm.host):
+                print(addr, flush=True)
+            await trio.sleep_forever()
+
+    try:
+        run_until_signal(serve)
+    except (BadMultiaddr, BootstrapUnreachable) as exc:
+        fail(PROG, str(exc))
+    print("bootstrap stopped", flush=True)
+    sys.exit(0)

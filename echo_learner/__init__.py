@@ -1,0 +1,1 @@
+"""The learner: trains the policy on verified rollouts and publishes new versions."""

@@ -1,0 +1,3 @@
+from echo_learner.cli import main
+
+main()

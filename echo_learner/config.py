@@ -1,0 +1,59 @@
+"""The learner's settings. Loadable without importing torch (``--help`` is instant)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol.config import setting
+
+
+def _default_data_dir() -> Path:
+    return Path.home() / ".echo-swarm" / "learner"
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    bootstrap: list[str] = setting([], "bootstrap peer multiaddr (with /p2p/<id>)")
+    listen: list[str] = setting(
+        ["/ip4/0.0.0.0/tcp/0"], "multiaddr to listen on (tcp/0 picks a free port)"
+    )
+    data_dir: Path = setting(_default_data_dir(), "identity, ledger and metrics live here")
+    task: str = setting("reverse", "training task", choices=("reverse",))
+    steps: int = setting(200, "training steps before the learner stops", lo=1)
+    job_id: str = setting("", "job id announced to nodes (default: <task>-<short peer id>)")
+    seed: int = setting(0, "seed for prompts and model initialisation", lo=0)
+    # GRPO: group 16 x 16 prompts learns the reverse task from scratch on 2
+    # cores; AdamW lr 1e-3 reached reward ~0.5 in 60 steps, 5e-4 in ~100, and
+    # 3e-3 collapsed to a constant answer (../shared/notes/inference.md).
+    group_size: int = setting(16, "completions per prompt (GRPO group)", lo=2, hi=64)
+    prompts_per_step: int = setting(16, "prompts (groups) per training step", lo=1, hi=256)
+    prompts_per_request: int = setting(4, "most prompts handed to a node at once", lo=1, hi=256)
+    max_new_tokens: int = setting(
+        4, "longest completion a node may generate (reverse: 3 letters + eos)", lo=1, hi=1024
+    )
+    lr: float = setting(1e-3, "AdamW learning rate", lo=0.0, hi=1.0)
+    clip_eps: float = setting(0.2, "PPO clip range of the importance ratio", lo=0.0, hi=1.0)
+    assignment_timeout_s: float = setting(
+        30.0, "seconds a node has to return assigned prompts before they go to another node", lo=1
+    )
+    long_poll_s: float = setting(
+        10.0, "seconds a work request waits for prompts before the answer 'no work'", lo=0
+    )
+    chunk_size: int = setting(1024 * 1024, "bytes per weight chunk", lo=1024, hi=4 * 1024 * 1024)
+    keep_versions: int = setting(3, "weight versions kept for serving", lo=1)
+    request_timeout_s: float = setting(60.0, "deadline of one incoming request", lo=1)
+    bootstrap_timeout_s: float = setting(10.0, "deadline to dial one bootstrap peer", lo=1)
+    torch_threads: int = setting(1, "torch CPU threads for training", lo=1)
+
+    @property
+    def identity_path(self) -> Path:
+        return self.data_dir / "identity.key"
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.data_dir / "ledger.sqlite"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.data_dir / "metrics.jsonl"

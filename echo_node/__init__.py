@@ -1,0 +1,1 @@
+"""The volunteer node: fetches weights, generates rollouts, signs and submits them."""

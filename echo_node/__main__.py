@@ -1,0 +1,3 @@
+from echo_node.cli import main
+
+main()

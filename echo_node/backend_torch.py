@@ -1,0 +1,90 @@
+"""Rollouts with torch: exact temperature sampling, raw log-probs of every sampled token."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+from safetensors.torch import load
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+@dataclass(frozen=True)
+class Sample:
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+
+class TorchBackend:
+    name = "torch"
+    dtype = "f32"
+
+    def __init__(self, threads: int):
+        torch.set_num_threads(threads)
+        self.model: LlamaForCausalLM | None = None
+        self.config_json = ""
+
+    def load(self, config_json: str, weights: bytes) -> None:
+        """Load safetensors ``weights`` into a model built from ``config_json``."""
+        if self.model is None or config_json != self.config_json:
+            config = LlamaConfig.from_dict(json.loads(config_json))
+            self.model = LlamaForCausalLM(config).float().eval()
+            self.config_json = config_json
+        state = load(weights)
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        tied = getattr(self.model.config, "tie_word_embeddings", False)
+        if unexpected or set(missing) - ({"lm_head.weight"} if tied else set()):
+            raise ValueError(f"weights do not fit the model: missing={missing} unexpected={unexpected}")
+        if tied:
+            self.model.tie_weights()
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[tuple[int, ...]],
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float,
+        stop_ids: tuple[int, ...],
+    ) -> list[list[Sample]]:
+        """``group_size`` samples per prompt, each with its tokens' log-probs.
+
+        Sampling is plain temperature sampling over the full vocabulary (no
+        top-k, top-p or min-p: RL needs the true behaviour distribution); a
+        sample ends after its first stop token, which it keeps.
+        """
+        assert self.model is not None, "load weights before generating"
+        pad = self.model.config.pad_token_id or 0
+        rows = [p for p in prompts for _ in range(group_size)]
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        attention = torch.zeros_like(input_ids)
+        for i, r in enumerate(rows):  # left padding, as generation needs
+            input_ids[i, width - len(r) :] = torch.tensor(r)
+            attention[i, width - len(r) :] = 1
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention,
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=list(stop_ids),
+            pad_token_id=pad,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        new = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1).float() / temperature
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new[..., None]).squeeze(-1)
+        samples = []
+        for toks, lps in zip(new.tolist(), logprobs.tolist()):
+            end = len(toks)
+            for j, t in enumerate(toks):
+                if t in stop_ids:
+                    end = j + 1
+                    break
+            samples.append(Sample(tuple(toks[:end]), tuple(lps[:end])))
+        return [samples[i * group_size : (i + 1) * group_size] for i in range(len(prompts))]

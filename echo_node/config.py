@@ -1,0 +1,43 @@
+"""The node's settings. Loadable without importing torch (``--help`` is instant)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol.config import setting
+
+
+def _default_data_dir() -> Path:
+    return Path.home() / ".echo-swarm" / "node"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    bootstrap: list[str] = setting([], "bootstrap peer multiaddr (with /p2p/<id>)")
+    listen: list[str] = setting(["/ip4/0.0.0.0/tcp/0"], "multiaddr to listen on")
+    data_dir: Path = setting(_default_data_dir(), "identity, weight chunks and receipts live here")
+    learner: str = setting("", "peer id of the learner to work for (default: the first found)")
+    backend: str = setting("torch", "inference backend", choices=("torch",))
+    max_prompts: int = setting(4, "most prompts to take per work request", lo=1, hi=256)
+    torch_threads: int = setting(1, "torch CPU threads for generation", lo=1)
+    request_timeout_s: float = setting(30.0, "deadline for one chunk or rollout request", lo=1)
+    work_timeout_s: float = setting(
+        30.0, "deadline for a work request (the learner may hold it until prompts are ready)", lo=1
+    )
+    discovery_timeout_s: float = setting(120.0, "how long to look for a learner before giving up", lo=1)
+    retry_s: float = setting(1.0, "first pause before retrying a learner that did not answer", lo=0.05)
+    max_retry_s: float = setting(30.0, "longest pause between retries (backoff doubles up to it)", lo=0.05)
+    bootstrap_timeout_s: float = setting(10.0, "deadline to dial one bootstrap peer", lo=1)
+
+    @property
+    def identity_path(self) -> Path:
+        return self.data_dir / "identity.key"
+
+    @property
+    def chunk_dir(self) -> Path:
+        return self.data_dir / "chunks"
+
+    @property
+    def receipts_path(self) -> Path:
+        return self.data_dir / "receipts.jsonl"

@@ -1,0 +1,224 @@
+"""The volunteer node: find a job, keep the current weights, roll out, submit.
+
+``run`` reads top to bottom: join the swarm, find a learner through the DHT,
+then loop: ask for work -> fetch the version it names if we lack it ->
+generate (in a worker thread) -> sign -> submit -> check the signed receipt.
+A learner that does not answer is retried after a pause; Ctrl-C cancels the
+loop and the host closes its connections.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import trio
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+
+from echo_node.backend_torch import TorchBackend
+from echo_node.config import NodeConfig
+from echo_node.weights import ChunkCache, fetch_manifest, fetch_weights
+from protocol import codec
+from protocol.errors import ProtocolError, SignatureError
+from protocol.identity import Identity, verify
+from protocol.ids import JOB_DIRECTORY_KEY, ROLLOUT_PROTOCOL, WORK_PROTOCOL, manifest_key
+from protocol.logs import event
+from protocol.messages import (
+    UNSIGNED,
+    Completion,
+    ErrorReply,
+    NoWork,
+    Receipt,
+    RolloutBatch,
+    RolloutGroup,
+    WorkAssignment,
+    WorkRequest,
+)
+from protocol.records import InvalidRecord, decode_record
+from protocol.rpc import RequestFailed, request
+from protocol.swarm import Swarm, connect_bootstrap, open_swarm
+
+log = logging.getLogger(__name__)
+
+
+class NoLearnerFound(LookupError):
+    """No learner announced a job in the DHT within the discovery timeout."""
+
+
+class Node:
+    def __init__(self, config: NodeConfig, identity: Identity):
+        self.config = config
+        self.identity = identity
+        self.me = identity.peer_id_str
+        self.backend = TorchBackend(config.torch_threads)
+        self.cache = ChunkCache(config.chunk_dir)
+        self.swarm: Swarm | None = None
+        self.learner: ID | None = None
+        self.job_id = ""
+        self.version = -1
+        self.rollouts_sent = 0
+        self.receipts_accepted = 0
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Work until cancelled. Reports the learner's peer id when joined."""
+        cfg = self.config
+        # DHT server mode: py-libp2p 0.8.1 adds every peer that queries it to
+        # its routing table and then fails to query client-mode peers back.
+        async with open_swarm(self.identity, cfg.listen, server=True) as swarm:
+            self.swarm = swarm
+            await connect_bootstrap(swarm, cfg.bootstrap, cfg.bootstrap_timeout_s)
+            await self.find_learner()
+            task_status.started((self.learner, self.job_id))
+            failures = 0
+            while True:
+                try:
+                    await self.work_once()
+                except (RequestFailed, ProtocolError) as exc:
+                    if failures == 0:
+                        event(log, logging.WARNING, "lost the learner; retrying", error=exc)
+                    failures += 1
+                    # Exponential backoff for a learner that may be restarting
+                    # or gone, not synchronisation.
+                    await trio.sleep(min(cfg.retry_s * 2 ** min(failures - 1, 10), cfg.max_retry_s))
+                    continue
+                if failures:
+                    event(log, logging.WARNING, "learner is back", after_failures=failures)
+                    failures = 0
+
+    async def find_learner(self) -> None:
+        """Look up a learner in the DHT and read its job from its signed manifest record."""
+        assert self.swarm is not None
+        dht, host = self.swarm.dht, self.swarm.host
+        wanted = self.config.learner
+        with trio.move_on_after(self.config.discovery_timeout_s):
+            while True:
+                providers = await dht.find_providers(JOB_DIRECTORY_KEY)
+                seen: dict[ID, PeerInfo] = {}
+                for p in providers:  # find_providers repeats each peer per responder
+                    seen.setdefault(p.peer_id, p)
+                for info in seen.values():
+                    if wanted and info.peer_id.to_base58() != wanted:
+                        continue
+                    if await self._try_learner(info):
+                        return
+                await trio.sleep(self.config.retry_s)
+        raise NoLearnerFound(
+            f"no learner{' ' + wanted if wanted else ''} found in the DHT "
+            f"within {self.config.discovery_timeout_s:.0f} s"
+        )
+
+    async def _try_learner(self, info: PeerInfo) -> bool:
+        assert self.swarm is not None
+        key = manifest_key(info.peer_id.to_base58())
+        try:
+            with trio.fail_after(self.config.request_timeout_s):
+                if info.addrs:
+                    await self.swarm.host.connect(info)
+                value = await self.swarm.dht.get_value(key)
+            if value is None:
+                return False
+            record = decode_record(key, value)
+        except (trio.TooSlowError, InvalidRecord, OSError) as exc:
+            event(log, logging.INFO, "skipping learner", peer=info.peer_id, error=exc)
+            return False
+        self.learner = info.peer_id
+        self.job_id = record.job_id
+        return True
+
+    async def work_once(self) -> None:
+        assert self.swarm is not None and self.learner is not None
+        host, cfg = self.swarm.host, self.config
+        reply = await request(
+            host, self.learner, WORK_PROTOCOL,
+            WorkRequest(self.job_id, cfg.max_prompts, self.version, self.backend.name, self.backend.dtype),
+            WorkAssignment, NoWork, ErrorReply,
+            timeout_s=cfg.work_timeout_s,
+        )
+        if isinstance(reply, ErrorReply):
+            raise RequestFailed(f"learner refused work request: {reply.code}: {reply.message}")
+        if isinstance(reply, NoWork):
+            if reply.retry_after_ms:
+                await trio.sleep(reply.retry_after_ms / 1000)
+            return
+        if reply.version != self.version:
+            await self.update_weights(reply.version)
+        await self.roll_out(reply)
+
+    async def update_weights(self, version: int) -> None:
+        assert self.swarm is not None and self.learner is not None
+        timeout = self.config.request_timeout_s
+        manifest = await fetch_manifest(self.swarm.host, self.learner, self.job_id, timeout)
+        if manifest.version < version:
+            raise RequestFailed(f"learner offers v{manifest.version} but assigned v{version}")
+        weights = await fetch_weights(self.swarm.host, self.learner, manifest, self.cache, timeout)
+        await trio.to_thread.run_sync(self.backend.load, manifest.model_config, weights)
+        self.cache.keep_only(manifest)
+        self.version = manifest.version
+        event(log, logging.INFO, "loaded weights", version=manifest.version)
+
+    async def roll_out(self, work: WorkAssignment) -> None:
+        assert self.swarm is not None and self.learner is not None
+        t0 = time.monotonic()
+        samples = await trio.to_thread.run_sync(
+            self.backend.generate,
+            [p.tokens for p in work.prompts],
+            work.group_size,
+            work.max_new_tokens,
+            work.temperature,
+            work.stop_token_ids,
+        )
+        batch = self.identity.sign(
+            RolloutBatch(
+                job_id=work.job_id,
+                version=work.version,
+                peer_id=self.me,
+                nonce=os.urandom(16),
+                backend=self.backend.name,
+                dtype=self.backend.dtype,
+                generate_ms=int((time.monotonic() - t0) * 1000),
+                groups=tuple(
+                    RolloutGroup(p.prompt_id, tuple(Completion(s.tokens, s.logprobs) for s in group))
+                    for p, group in zip(work.prompts, samples)
+                ),
+                signature=UNSIGNED,
+            )
+        )
+        reply = await request(
+            self.swarm.host, self.learner, ROLLOUT_PROTOCOL, batch, Receipt, ErrorReply,
+            timeout_s=self.config.request_timeout_s,
+        )
+        if isinstance(reply, ErrorReply):
+            raise RequestFailed(f"learner refused the batch: {reply.code}: {reply.message}")
+        self._check_receipt(batch, reply)
+        self.rollouts_sent += sum(len(g.completions) for g in batch.groups)
+        self._save_receipt(reply)
+
+    def _check_receipt(self, batch: RolloutBatch, receipt: Receipt) -> None:
+        assert self.learner is not None
+        try:
+            verify(receipt, self.learner.to_base58())
+        except SignatureError as exc:
+            raise RequestFailed(f"receipt not signed by the learner: {exc}") from exc
+        if receipt.batch_hash != codec.digest(batch) or receipt.peer_id != self.me:
+            raise RequestFailed("receipt is for another batch")
+        if receipt.verdict == "accepted":
+            self.receipts_accepted += 1
+        else:
+            event(log, logging.WARNING, "batch refused", reason=receipt.reason, version=batch.version)
+
+    def _save_receipt(self, receipt: Receipt) -> None:
+        line = {
+            "batch_hash": receipt.batch_hash.hex(),
+            "version": receipt.version,
+            "verdict": receipt.verdict,
+            "reason": receipt.reason,
+            "tokens": receipt.tokens,
+            "credit": receipt.credit,
+            "receipt": codec.encode(receipt).hex(),
+        }
+        with open(self.config.receipts_path, "a") as f:
+            f.write(json.dumps(line) + "\n")

@@ -1,0 +1,70 @@
+"""The libp2p host every Echo Swarm process runs, with our security settings.
+
+- Noise is the only security transport (py-libp2p's default also accepts
+  plaintext and secio; see ../shared/notes/libp2p.md, pitfall 2).
+- yamux is the only muxer.
+- One connection per peer: otherwise every dial waits a 250 ms happy-eyeballs
+  floor (pitfall 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import multiaddr
+from libp2p import create_yamux_muxer_option, new_host
+from libp2p.abc import IHost
+from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
+from libp2p.network.config import ConnectionConfig
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+
+from protocol.identity import Identity
+
+
+class BadMultiaddr(ValueError):
+    """A user-supplied address that is not a usable libp2p multiaddr."""
+
+
+def parse_multiaddr(text: str) -> multiaddr.Multiaddr:
+    try:
+        return multiaddr.Multiaddr(text)
+    except Exception as exc:  # multiaddr raises several unrelated types
+        raise BadMultiaddr(f"not a multiaddr: {text!r} ({exc})") from None
+
+
+def parse_peer_addr(text: str) -> PeerInfo:
+    """A multiaddr that ends in ``/p2p/<peer id>``, as printed by echo-bootstrap."""
+    addr = parse_multiaddr(text)
+    try:
+        return info_from_p2p_addr(addr)
+    except Exception:
+        raise BadMultiaddr(
+            f"{text!r} has no /p2p/<peer id> part; use the full address echo-bootstrap printed"
+        ) from None
+
+
+def make_host(identity: Identity, listen: Sequence[str]) -> IHost:
+    key_pair = identity.key_pair
+    addrs = [parse_multiaddr(a) for a in listen]
+    noise = NoiseTransport(key_pair, noise_privkey=new_x25519_key_pair().private_key)
+    return new_host(
+        key_pair=key_pair,
+        sec_opt={NOISE_PROTOCOL_ID: noise},
+        muxer_opt=create_yamux_muxer_option(),
+        connection_config=ConnectionConfig(max_connections_per_peer=1),
+        # Pass the listen addresses here too, or their transport is skipped
+        # silently (pitfall 11).
+        listen_addrs=addrs,
+    )
+
+
+def full_addrs(host: IHost) -> list[str]:
+    """The host's listen addresses, each ending in ``/p2p/<peer id>``."""
+    pid = host.get_id().to_base58()
+    out = []
+    for addr in host.get_addrs():
+        text = str(addr)
+        out.append(text if "/p2p/" in text else f"{text}/p2p/{pid}")
+    return out

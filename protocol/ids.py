@@ -1,0 +1,20 @@
+"""Protocol ids and DHT keys. A protocol id's version changes with its wire format."""
+
+from __future__ import annotations
+
+WORK_PROTOCOL = "/echo-swarm/work/1.0.0"
+ROLLOUT_PROTOCOL = "/echo-swarm/rollout/1.0.0"
+CHUNK_PROTOCOL = "/echo-swarm/chunk/1.0.0"
+
+# DHT namespace of our records; bootstrap peers and everyone else register a
+# validator for it (protocol.records) so forged records are refused.
+DHT_NAMESPACE = "echo-swarm"
+
+# Learners announce themselves as providers of this key; nodes look it up to
+# find a job without knowing any learner's address.
+JOB_DIRECTORY_KEY = "echo-swarm/jobs/v1"
+
+
+def manifest_key(learner_id: str) -> str:
+    """The DHT key of a learner's newest signed manifest."""
+    return f"/{DHT_NAMESPACE}/{learner_id}"

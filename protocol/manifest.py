@@ -1,0 +1,84 @@
+"""Weights as content-addressed chunks, described by a signed manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+from protocol.errors import ChunkHashMismatch, DecodeError
+from protocol.identity import Identity, verify
+from protocol.messages import MAX_CHUNKS, UNSIGNED, Manifest
+
+DEFAULT_CHUNK_SIZE = 1024 * 1024
+
+
+def split(data: bytes, chunk_size: int) -> list[bytes]:
+    """Fixed-size chunks; the last one may be shorter. Empty data has no chunks."""
+    return [data[i : i + chunk_size] for i in range(0, len(data), chunk_size)]
+
+
+def chunk_len(manifest: Manifest, index: int) -> int:
+    """The exact size chunk ``index`` must have."""
+    start = index * manifest.chunk_size
+    return min(manifest.chunk_size, manifest.total_size - start)
+
+
+def build(
+    identity: Identity,
+    *,
+    job_id: str,
+    version: int,
+    parent_version: int,
+    task: str,
+    model_config: str,
+    tokenizer_digest: bytes,
+    weights: bytes,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[Manifest, list[bytes]]:
+    """Chunk ``weights`` (safetensors bytes) and sign a manifest for them."""
+    chunks = split(weights, chunk_size)
+    if len(chunks) > MAX_CHUNKS:
+        raise ValueError(f"{len(chunks)} chunks exceed the limit of {MAX_CHUNKS}")
+    manifest = Manifest(
+        job_id=job_id,
+        version=version,
+        parent_version=parent_version,
+        task=task,
+        model_config=model_config,
+        tokenizer_digest=tokenizer_digest,
+        format="safetensors",
+        total_size=len(weights),
+        chunk_size=chunk_size,
+        chunk_hashes=tuple(hashlib.sha256(c).digest() for c in chunks),
+        created_ms=int(time.time() * 1000),
+        learner_id=identity.peer_id_str,
+        signature=UNSIGNED,
+    )
+    return identity.sign(manifest), chunks
+
+
+def check(manifest: Manifest, learner_id: str | None = None) -> None:
+    """Verify the learner's signature and the manifest's internal consistency.
+
+    ``learner_id`` pins the expected signer; without it the manifest's own
+    ``learner_id`` is used (trust on first use, e.g. at discovery).
+    """
+    signer = learner_id or manifest.learner_id
+    if manifest.learner_id != signer:
+        raise DecodeError(f"manifest names learner {manifest.learner_id}, expected {signer}")
+    expected_chunks = -(-manifest.total_size // manifest.chunk_size)
+    if len(manifest.chunk_hashes) != expected_chunks:
+        raise DecodeError(
+            f"manifest lists {len(manifest.chunk_hashes)} chunks, size implies {expected_chunks}"
+        )
+    verify(manifest, signer)
+
+
+def check_chunk(manifest: Manifest, index: int, data: bytes) -> None:
+    """Raise ``ChunkHashMismatch`` unless ``data`` is exactly chunk ``index``."""
+    if not 0 <= index < len(manifest.chunk_hashes):
+        raise ChunkHashMismatch(f"chunk {index} not in manifest v{manifest.version}")
+    if len(data) != chunk_len(manifest, index) or (
+        hashlib.sha256(data).digest() != manifest.chunk_hashes[index]
+    ):
+        raise ChunkHashMismatch(f"chunk {index} of v{manifest.version} does not match its hash")

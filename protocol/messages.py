@@ -1,0 +1,194 @@
+"""Every message Echo Swarm sends, with the type and bound of every field.
+
+Field order is the wire order. ``docs/protocol.md`` documents the same
+definitions for people writing other clients; keep the two in step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from protocol.schema import Bytes, Float, Int, ListOf, Nested, Str, check
+
+# Bounds shared by several messages. They are protocol constants, not tuning
+# knobs: changing one is a protocol version change.
+MAX_U53 = 2**53 - 1  # largest integer every msgpack implementation round-trips
+MAX_JOB_ID = 64
+MAX_PEER_ID = 128  # base58 Ed25519 peer ids are 52 characters
+MAX_TOKEN_ID = 2**31 - 1
+MAX_PROMPT_TOKENS = 1024
+MAX_NEW_TOKENS = 1024
+MAX_PROMPTS = 256
+MAX_GROUP = 64
+MAX_CHUNKS = 65536
+MAX_CHUNK_BYTES = 4 * 2**20
+SHA256 = Bytes(32, 32)
+SIGNATURE = Bytes(64, 64)
+PEER_ID = Str(MAX_PEER_ID)
+JOB_ID = Str(MAX_JOB_ID)
+VERSION = Int(0, MAX_U53)
+TIME_MS = Int(0, MAX_U53)
+TOKEN = Int(0, MAX_TOKEN_ID)
+BACKENDS = ("torch", "llama")
+DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_1")
+VERDICTS = ("accepted", "refused")
+
+
+# --- work protocol -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkRequest:
+    """A node asks the learner for prompts to roll out."""
+
+    job_id: str = field(metadata=check(JOB_ID))
+    max_prompts: int = field(metadata=check(Int(1, MAX_PROMPTS)))
+    held_version: int = field(metadata=check(Int(-1, MAX_U53)))
+    backend: str = field(metadata=check(Str(16, BACKENDS)))
+    dtype: str = field(metadata=check(Str(16, DTYPES)))
+
+
+@dataclass(frozen=True)
+class Prompt:
+    prompt_id: int = field(metadata=check(Int(0, MAX_U53)))
+    tokens: tuple[int, ...] = field(metadata=check(ListOf(TOKEN, MAX_PROMPT_TOKENS, 1)))
+
+
+@dataclass(frozen=True)
+class WorkAssignment:
+    """Prompts chosen by the learner; the node may not pick its own."""
+
+    job_id: str = field(metadata=check(JOB_ID))
+    version: int = field(metadata=check(VERSION))
+    prompts: tuple[Prompt, ...] = field(metadata=check(ListOf(Nested(Prompt), MAX_PROMPTS, 1)))
+    group_size: int = field(metadata=check(Int(1, MAX_GROUP)))
+    max_new_tokens: int = field(metadata=check(Int(1, MAX_NEW_TOKENS)))
+    temperature: float = field(metadata=check(Float(0.0, 10.0)))
+    stop_token_ids: tuple[int, ...] = field(metadata=check(ListOf(TOKEN, 16)))
+    deadline_ms: int = field(metadata=check(TIME_MS))
+
+
+@dataclass(frozen=True)
+class NoWork:
+    """Nothing to hand out right now (e.g. the learner is training); ask again."""
+
+    job_id: str = field(metadata=check(JOB_ID))
+    version: int = field(metadata=check(VERSION))
+    retry_after_ms: int = field(metadata=check(Int(0, 600_000)))
+    reason: str = field(metadata=check(Str(200)))
+
+
+# --- rollout protocol ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Completion:
+    tokens: tuple[int, ...] = field(metadata=check(ListOf(TOKEN, MAX_NEW_TOKENS)))
+    # Log-prob of each sampled token under the node's weights (behaviour policy).
+    logprobs: tuple[float, ...] = field(metadata=check(ListOf(Float(-1e4, 0.0), MAX_NEW_TOKENS)))
+
+
+@dataclass(frozen=True)
+class RolloutGroup:
+    prompt_id: int = field(metadata=check(Int(0, MAX_U53)))
+    completions: tuple[Completion, ...] = field(
+        metadata=check(ListOf(Nested(Completion), MAX_GROUP, 1))
+    )
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """Completions for assigned prompts, signed by the node that made them."""
+
+    job_id: str = field(metadata=check(JOB_ID))
+    version: int = field(metadata=check(VERSION))
+    peer_id: str = field(metadata=check(PEER_ID))
+    nonce: bytes = field(metadata=check(Bytes(16, 16)))
+    backend: str = field(metadata=check(Str(16, BACKENDS)))
+    dtype: str = field(metadata=check(Str(16, DTYPES)))
+    generate_ms: int = field(metadata=check(Int(0, MAX_U53)))
+    groups: tuple[RolloutGroup, ...] = field(
+        metadata=check(ListOf(Nested(RolloutGroup), MAX_PROMPTS, 1))
+    )
+    signature: bytes = field(metadata=check(SIGNATURE))
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """The learner's signed verdict on one rollout batch."""
+
+    job_id: str = field(metadata=check(JOB_ID))
+    batch_hash: bytes = field(metadata=check(SHA256))
+    peer_id: str = field(metadata=check(PEER_ID))
+    version: int = field(metadata=check(VERSION))
+    verdict: str = field(metadata=check(Str(16, VERDICTS)))
+    reason: str = field(metadata=check(Str(200)))
+    tokens: int = field(metadata=check(Int(0, MAX_U53)))
+    credit: float = field(metadata=check(Float(0.0, 1e15)))
+    created_ms: int = field(metadata=check(TIME_MS))
+    learner_id: str = field(metadata=check(PEER_ID))
+    signature: bytes = field(metadata=check(SIGNATURE))
+
+
+# --- weights -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A policy version: what the weights are and how they are chunked."""
+
+    job_id: str = field(metadata=check(JOB_ID))
+    version: int = field(metadata=check(VERSION))
+    parent_version: int = field(metadata=check(Int(-1, MAX_U53)))
+    task: str = field(metadata=check(Str(64)))
+    # Hugging Face config.json of the model, as JSON text.
+    model_config: str = field(metadata=check(Str(16_384)))
+    tokenizer_digest: bytes = field(metadata=check(SHA256))
+    format: str = field(metadata=check(Str(16, ("safetensors",))))
+    total_size: int = field(metadata=check(Int(0, MAX_CHUNKS * MAX_CHUNK_BYTES)))
+    chunk_size: int = field(metadata=check(Int(1, MAX_CHUNK_BYTES)))
+    chunk_hashes: tuple[bytes, ...] = field(metadata=check(ListOf(SHA256, MAX_CHUNKS)))
+    created_ms: int = field(metadata=check(TIME_MS))
+    learner_id: str = field(metadata=check(PEER_ID))
+    signature: bytes = field(metadata=check(SIGNATURE))
+
+
+@dataclass(frozen=True)
+class ManifestRequest:
+    """Ask a peer for the newest signed manifest of a job it serves."""
+
+    job_id: str = field(metadata=check(JOB_ID))
+
+
+@dataclass(frozen=True)
+class ChunkRequest:
+    job_id: str = field(metadata=check(JOB_ID))
+    version: int = field(metadata=check(VERSION))
+    index: int = field(metadata=check(Int(0, MAX_CHUNKS - 1)))
+
+
+@dataclass(frozen=True)
+class ChunkData:
+    job_id: str = field(metadata=check(JOB_ID))
+    version: int = field(metadata=check(VERSION))
+    index: int = field(metadata=check(Int(0, MAX_CHUNKS - 1)))
+    data: bytes = field(metadata=check(Bytes(0, MAX_CHUNK_BYTES)))
+
+
+# --- shared ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    """A request refused before any answer could be given (unknown job, ...)."""
+
+    code: str = field(metadata=check(Str(32)))
+    message: str = field(metadata=check(Str(500)))
+
+
+UNSIGNED = bytes(64)  # placeholder signature before signing
+
+
+def unsigned(msg):  # type: ignore[no-untyped-def]
+    """The same message with its signature zeroed (what a signature covers)."""
+    return replace(msg, signature=UNSIGNED)

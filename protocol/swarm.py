@@ -1,0 +1,75 @@
+"""Joining the swarm: a running host plus a Kademlia DHT connected to bootstrap peers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import trio
+from libp2p.abc import IHost
+from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.tools.anyio_service import background_trio_service
+
+from protocol.host import make_host, parse_multiaddr, parse_peer_addr
+from protocol.identity import Identity
+from protocol.ids import DHT_NAMESPACE
+from protocol.logs import event
+from protocol.records import ManifestRecordValidator
+
+log = logging.getLogger(__name__)
+
+
+class BootstrapUnreachable(ConnectionError):
+    """None of the bootstrap peers answered."""
+
+
+@dataclass
+class Swarm:
+    host: IHost
+    dht: KadDHT
+
+
+async def connect_bootstrap(swarm: Swarm, bootstrap: Sequence[str], timeout_s: float) -> int:
+    """Dial every bootstrap peer and add it to the DHT routing table.
+
+    Returns how many answered; raises ``BootstrapUnreachable`` if none did.
+    """
+    connected = 0
+    for text in bootstrap:
+        info = parse_peer_addr(text)
+        try:
+            with trio.fail_after(timeout_s):
+                await swarm.host.connect(info)
+        except (trio.TooSlowError, OSError, Exception) as exc:  # libp2p dial errors vary
+            event(log, logging.WARNING, "bootstrap peer did not answer", addr=text, error=exc)
+            continue
+        # The DHT does not learn about connected peers by itself (pitfall 6).
+        await swarm.dht.add_peer(info.peer_id)
+        connected += 1
+    if bootstrap and connected == 0:
+        raise BootstrapUnreachable(f"no bootstrap peer answered: {', '.join(bootstrap)}")
+    return connected
+
+
+@asynccontextmanager
+async def open_swarm(
+    identity: Identity,
+    listen: Sequence[str],
+    *,
+    server: bool,
+) -> AsyncIterator[Swarm]:
+    """Run a host and its DHT until the block exits.
+
+    ``server`` selects DHT server mode (bootstrap peers and learners, which
+    hold records) or client mode (volunteer nodes, which only query).
+    """
+    for addr in listen:
+        parse_multiaddr(addr)
+    host = make_host(identity, listen)
+    async with host.run([parse_multiaddr(a) for a in listen]):
+        dht = KadDHT(host, DHTMode.SERVER if server else DHTMode.CLIENT)
+        dht.register_validator(DHT_NAMESPACE, ManifestRecordValidator())
+        async with background_trio_service(dht):
+            yield Swarm(host, dht)
