@@ -1,0 +1,63 @@
+"""Valid messages of every kind, for round-trip and fuzz tests."""
+
+from protocol.identity import Identity
+from protocol.messages import (
+    UNSIGNED,
+    ChunkData,
+    ChunkRequest,
+    Completion,
+    ErrorReply,
+    ManifestRequest,
+    NoWork,
+    Prompt,
+    Receipt,
+    RolloutBatch,
+    RolloutGroup,
+    WorkAssignment,
+    WorkRequest,
+)
+from protocol import manifest
+
+NODE = Identity(bytes(range(32)))
+LEARNER = Identity(bytes(range(1, 33)))
+
+
+def batch(identity: Identity = NODE, **overrides) -> RolloutBatch:
+    fields = dict(
+        job_id="reverse-test",
+        version=3,
+        peer_id=identity.peer_id_str,
+        nonce=b"n" * 16,
+        backend="torch",
+        dtype="f32",
+        generate_ms=12,
+        groups=(
+            RolloutGroup(7, (Completion((97, 98, 258), (-0.5, -1.25, -0.01)), Completion((99,), (-2.0,)))),
+        ),
+        signature=UNSIGNED,
+    )
+    fields.update(overrides)
+    return identity.sign(RolloutBatch(**fields))
+
+
+def all_messages() -> list:
+    signed_manifest, _ = manifest.build(
+        LEARNER, job_id="reverse-test", version=1, parent_version=0, task="reverse",
+        model_config="{}", tokenizer_digest=b"t" * 32, weights=b"w" * 3000, chunk_size=1024,
+    )
+    receipt = LEARNER.sign(
+        Receipt("reverse-test", b"h" * 32, NODE.peer_id_str, 3, "accepted", "ok", 4, 4.0, 1,
+                LEARNER.peer_id_str, UNSIGNED)
+    )
+    return [
+        WorkRequest("reverse-test", 4, -1, "torch", "f32"),
+        WorkAssignment("reverse-test", 3, (Prompt(1, (257, 97, 98, 99, 61)),), 16, 4, 1.0, (258,), 99),
+        NoWork("reverse-test", 3, 0, "all prompts taken"),
+        batch(),
+        receipt,
+        signed_manifest,
+        ManifestRequest("reverse-test"),
+        ChunkRequest("reverse-test", 1, 2),
+        ChunkData("reverse-test", 1, 2, b"\x00" * 100),
+        ErrorReply("unknown_job", "no such job"),
+    ]

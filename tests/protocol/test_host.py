@@ -1,0 +1,53 @@
+"""Our hosts speak Noise only: a plaintext dialer is refused, over real TCP on loopback."""
+
+import pytest
+import trio
+from libp2p import create_yamux_muxer_option, new_host
+from libp2p.network.config import ConnectionConfig
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTransport
+
+from protocol import framing
+from protocol.host import full_addrs, make_host, parse_multiaddr
+from protocol.identity import Identity
+from protocol.messages import ErrorReply
+
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+
+
+def plaintext_host(identity: Identity):
+    kp = identity.key_pair
+    return new_host(
+        key_pair=kp,
+        sec_opt={PLAINTEXT_PROTOCOL_ID: InsecureTransport(kp)},
+        muxer_opt=create_yamux_muxer_option(),
+        connection_config=ConnectionConfig(max_connections_per_peer=1),
+        listen_addrs=[parse_multiaddr(LOOPBACK)],
+    )
+
+
+async def test_plaintext_dialer_is_refused_and_noise_dialer_accepted():
+    server = make_host(Identity.generate(), [LOOPBACK])
+
+    async def handler(stream):
+        await framing.send(stream, ErrorReply("hello", "over noise"))
+        await stream.close()
+
+    server.set_stream_handler("/test/1", handler)
+    insecure = plaintext_host(Identity.generate())
+    secure = make_host(Identity.generate(), [LOOPBACK])
+    addr = parse_multiaddr(LOOPBACK)
+    async with server.run([addr]), insecure.run([addr]), secure.run([addr]):
+        target = info_from_p2p_addr(parse_multiaddr(full_addrs(server)[0]))
+        with pytest.raises(Exception):
+            with trio.fail_after(20):
+                await insecure.connect(target)
+                # Even if the TCP dial returned, no stream can be opened.
+                await insecure.new_stream(target.peer_id, ["/test/1"])
+        assert insecure.get_id() not in server.get_connected_peers()
+
+        with trio.fail_after(20):
+            await secure.connect(target)
+            stream = await secure.new_stream(target.peer_id, ["/test/1"])
+            reply = await framing.receive(stream, ErrorReply)
+        assert reply.message == "over noise"

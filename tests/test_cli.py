@@ -1,0 +1,72 @@
+"""The commands as a user runs them: help, one-line errors, persistent identity."""
+
+import subprocess
+import sys
+
+import pytest
+
+from localswarm import local_swarm
+
+COMMANDS = {
+    "echo_node": ["join"],
+    "echo_learner": ["run"],
+    "bootstrap": [],
+}
+
+
+def run(*args, timeout=60):
+    return subprocess.run(
+        [sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.parametrize("module", COMMANDS)
+def test_help_explains(module):
+    out = run(module, *COMMANDS[module], "--help")
+    assert out.returncode == 0
+    assert "--bootstrap" in out.stdout and "default:" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["echo_node", "join", "--no-such-flag"], "unrecognized arguments"),
+        (["echo_node", "join"], "--bootstrap is required"),
+        (["echo_node", "join", "--bootstrap", "not-an-addr", "--max-prompts", "0"], "outside"),
+        (["echo_learner", "run", "--steps", "many"], "not a valid int"),
+        (["echo_learner", "run", "--task", "chess"], "invalid choice"),
+        (["bootstrap", "--listen", "/ip4/nonsense"], "not a multiaddr"),
+    ],
+)
+def test_bad_arguments_give_one_line(args, message, tmp_path):
+    out = run(*args, "--data-dir" if args[0] != "bootstrap" else "--identity",
+              str(tmp_path / "x"))
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_node_with_bad_bootstrap_address(tmp_path):
+    out = run("echo_node", "join", "--bootstrap", "/ip4/127.0.0.1/tcp/1", "--data-dir", str(tmp_path))
+    assert out.returncode == 2
+    assert "/p2p/" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_node_with_unreachable_bootstrap(tmp_path):
+    dead = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWDqyh47JhwjZcD483yJfGRvEFHTKUeeMpc5XJpE6skuCW"
+    out = run("echo_node", "join", "--bootstrap", dead, "--data-dir", str(tmp_path),
+              "--bootstrap-timeout-s", "2")
+    assert out.returncode == 2
+    assert "no bootstrap peer answered" in out.stderr
+
+
+def test_bootstrap_identity_survives_restart(tmp_path):
+    ids = []
+    for _ in range(2):
+        with local_swarm(tmp_path) as swarm:
+            addr = swarm.start_bootstrap()
+            ids.append(addr.rsplit("/p2p/", 1)[1])
+            assert swarm.stop("bootstrap") == 0  # Ctrl-C is a clean exit
+    assert ids[0] == ids[1]
+    assert (tmp_path / "bootstrap.key").stat().st_mode & 0o777 == 0o600

@@ -1,0 +1,46 @@
+"""A real swarm: bootstrap, learner and two nodes as separate processes on loopback."""
+
+import json
+import sqlite3
+
+from protocol import codec
+from protocol.identity import verify
+from protocol.messages import Receipt
+
+STEPS = 60
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+def test_swarm_trains_and_every_accepted_batch_has_a_receipt(swarm_factory):
+    swarm = swarm_factory
+    swarm.start_bootstrap()
+    learner = swarm.start_learner("--steps", str(STEPS))
+    swarm.start_node(0)
+    swarm.start_node(1)
+    assert learner.wait(timeout=400) == 0, (swarm.root / "learner.log").read_text()[-3000:]
+    # Nodes keep retrying a learner that is gone until Ctrl-C, then leave cleanly.
+    assert swarm.stop("node0") == 0 and swarm.stop("node1") == 0
+
+    metrics = swarm.metrics()
+    assert [m["version"] for m in metrics] == list(range(1, STEPS + 1))
+    assert metrics[-1]["rollouts_accepted"] == STEPS * 16 * 16
+    assert metrics[-1]["contributors"] == 2
+
+    rewards = [m["reward_mean"] for m in metrics]
+    assert mean(rewards[-10:]) > mean(rewards[:10]) + 0.1, rewards
+
+    db = sqlite3.connect(swarm.root / "learner" / "ledger.sqlite")
+    accepted = {bytes(h) for (h,) in db.execute("SELECT batch_hash FROM verdicts WHERE verdict='accepted'")}
+    receipts = []
+    for i in range(2):
+        lines = (swarm.root / f"node{i}" / "receipts.jsonl").read_text().splitlines()
+        receipts += [codec.decode(bytes.fromhex(json.loads(l)["receipt"]), Receipt) for l in lines]
+    learner_ids = {r.learner_id for r in receipts}
+    assert len(learner_ids) == 1
+    for r in receipts:
+        verify(r, r.learner_id)  # every receipt carries the learner's signature
+    assert {r.batch_hash for r in receipts if r.verdict == "accepted"} == accepted
+    assert sum(r.tokens for r in receipts) == sum(t for (t,) in db.execute("SELECT tokens FROM verdicts"))
