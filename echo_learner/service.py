@@ -44,6 +44,7 @@ from protocol.messages import (
     Prompt,
     Receipt,
     RolloutBatch,
+    RolloutGroup,
     WorkAssignment,
     WorkRequest,
 )
@@ -295,7 +296,7 @@ class Learner:
             event(log, logging.INFO, "refused batch", peer=sender, reason=reason)
         await framing.send(stream, receipt)
 
-    def _score(self, round_: Round, sender: str, group) -> tuple[Slot, ScoredGroup]:  # type: ignore[no-untyped-def]
+    def _score(self, round_: Round, sender: str, group: RolloutGroup) -> tuple[Slot, ScoredGroup]:
         slot = round_.assigned_to(sender, group.prompt_id)
         assert slot is not None  # check_batch verified the assignment
         eos = self.tokenizer.eos_token_id

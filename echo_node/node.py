@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 import trio
+from libp2p.network.exceptions import SwarmException
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
@@ -122,7 +123,7 @@ class Node:
             if value is None:
                 return False
             record = decode_record(key, value)
-        except (trio.TooSlowError, InvalidRecord, OSError) as exc:
+        except (trio.TooSlowError, InvalidRecord, OSError, SwarmException) as exc:
             event(log, logging.INFO, "skipping learner", peer=info.peer_id, error=exc)
             return False
         self.learner = info.peer_id

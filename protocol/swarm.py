@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import trio
 from libp2p.abc import IHost
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.network.exceptions import SwarmException
 from libp2p.tools.anyio_service import background_trio_service
 
 from protocol.host import make_host, parse_multiaddr, parse_peer_addr
@@ -42,7 +43,7 @@ async def connect_bootstrap(swarm: Swarm, bootstrap: Sequence[str], timeout_s: f
         try:
             with trio.fail_after(timeout_s):
                 await swarm.host.connect(info)
-        except (trio.TooSlowError, OSError, Exception) as exc:  # libp2p dial errors vary
+        except (trio.TooSlowError, OSError, SwarmException) as exc:
             event(log, logging.WARNING, "bootstrap peer did not answer", addr=text, error=exc)
             continue
         # The DHT does not learn about connected peers by itself (pitfall 6).
