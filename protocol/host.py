@@ -60,11 +60,33 @@ def make_host(identity: Identity, listen: Sequence[str]) -> IHost:
     )
 
 
+def _local_ipv4() -> list[str]:
+    """This machine's IPv4 addresses, public-looking ones first, loopback last."""
+    import ifaddr
+
+    ips = {
+        ip.ip
+        for adapter in ifaddr.get_adapters()
+        for ip in adapter.ips
+        if isinstance(ip.ip, str) and not ip.ip.startswith("169.254.")
+    }
+    return sorted(ips, key=lambda ip: (ip.startswith("127."), ip))
+
+
 def full_addrs(host: IHost) -> list[str]:
-    """The host's listen addresses, each ending in ``/p2p/<peer id>``."""
+    """Dialable listen addresses, each ending in ``/p2p/<peer id>``.
+
+    A wildcard listen address (``/ip4/0.0.0.0``) is not dialable, so it is
+    replaced by one address per local interface.
+    """
     pid = host.get_id().to_base58()
     out = []
     for addr in host.get_addrs():
         text = str(addr)
-        out.append(text if "/p2p/" in text else f"{text}/p2p/{pid}")
+        if "/p2p/" not in text:
+            text = f"{text}/p2p/{pid}"
+        if text.startswith("/ip4/0.0.0.0/"):
+            out += [text.replace("/ip4/0.0.0.0/", f"/ip4/{ip}/", 1) for ip in _local_ipv4()]
+        else:
+            out.append(text)
     return out

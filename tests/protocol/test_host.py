@@ -51,3 +51,12 @@ async def test_plaintext_dialer_is_refused_and_noise_dialer_accepted():
             stream = await secure.new_stream(target.peer_id, ["/test/1"])
             reply = await framing.receive(stream, ErrorReply)
         assert reply.message == "over noise"
+
+
+async def test_wildcard_listen_address_is_printed_as_dialable_addresses():
+    host = make_host(Identity.generate(), ["/ip4/0.0.0.0/tcp/0"])
+    async with host.run([parse_multiaddr("/ip4/0.0.0.0/tcp/0")]):
+        addrs = full_addrs(host)
+    assert addrs and not any("0.0.0.0" in a for a in addrs)
+    assert any(a.startswith("/ip4/127.0.0.1/tcp/") for a in addrs)
+    assert all(a.endswith("/p2p/" + host.get_id().to_base58()) for a in addrs)
