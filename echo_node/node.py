@@ -41,7 +41,7 @@ from protocol.messages import (
 )
 from protocol.records import InvalidRecord, decode_record
 from protocol.rpc import RequestFailed, request
-from protocol.swarm import Swarm, connect_bootstrap, open_swarm
+from protocol.swarm import Swarm, connect_bootstrap, find_providers, open_swarm
 
 log = logging.getLogger(__name__)
 
@@ -93,16 +93,12 @@ class Node:
     async def find_learner(self) -> None:
         """Look up a learner in the DHT and read its job from its signed manifest record."""
         assert self.swarm is not None
-        dht, host = self.swarm.dht, self.swarm.host
         wanted = self.config.learner
         with trio.move_on_after(self.config.discovery_timeout_s):
             while True:
-                providers = await dht.find_providers(JOB_DIRECTORY_KEY)
-                seen: dict[ID, PeerInfo] = {}
-                for p in providers:  # find_providers repeats each peer per responder
-                    seen.setdefault(p.peer_id, p)
-                for info in seen.values():
-                    if wanted and info.peer_id.to_base58() != wanted:
+                found = await find_providers(self.swarm, JOB_DIRECTORY_KEY, self.config.request_timeout_s)
+                for peer, info in found.items():
+                    if wanted and peer != wanted:
                         continue
                     if await self._try_learner(info):
                         return

@@ -32,6 +32,7 @@ MAX_SIZE: dict[type, int] = {
     m.Receipt: 2 * KiB,
     m.Manifest: 4 * MiB,
     m.ManifestRequest: 1 * KiB,
+    m.Have: m.MAX_CHUNKS // 8 + 1 * KiB,
     m.ChunkRequest: 1 * KiB,
     m.ChunkData: m.MAX_CHUNK_BYTES + 1 * KiB,
     m.ErrorReply: 2 * KiB,

@@ -12,6 +12,7 @@ a libp2p ``INetStream`` or an in-memory stream in tests.
 from __future__ import annotations
 
 import struct
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from protocol import codec
@@ -36,7 +37,9 @@ def _is_eof(exc: BaseException) -> bool:
     return isinstance(exc, StreamError)
 
 
-async def _read_exactly(stream: ByteStream, n: int) -> bytes:
+async def _read_exactly(
+    stream: ByteStream, n: int, on_progress: Callable[[int], None] | None = None
+) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         try:
@@ -49,19 +52,43 @@ async def _read_exactly(stream: ByteStream, n: int) -> bytes:
         if not piece:
             raise StreamClosed(f"stream ended after {len(buf)} of {n} bytes")
         buf += piece
+        if on_progress is not None:
+            on_progress(len(piece))
     return bytes(buf)
 
 
-async def read_frame(stream: ByteStream, max_size: int) -> bytes:
-    """Read one frame; ``MessageTooLarge`` if it announces more than ``max_size``."""
+async def read_frame(
+    stream: ByteStream, max_size: int, on_progress: Callable[[int], None] | None = None
+) -> bytes:
+    """Read one frame; ``MessageTooLarge`` if it announces more than ``max_size``.
+
+    ``on_progress(n)`` is called as each piece of ``n`` bytes arrives (stall
+    detection for large frames).
+    """
     (length,) = _HEADER.unpack(await _read_exactly(stream, _HEADER.size))
     if length > max_size:
         raise MessageTooLarge(f"frame of {length} bytes, limit {max_size}")
-    return await _read_exactly(stream, length)
+    return await _read_exactly(stream, length, on_progress)
 
 
-async def write_frame(stream: ByteStream, payload: bytes) -> None:
-    await stream.write(_HEADER.pack(len(payload)) + payload)
+async def write_frame(
+    stream: ByteStream,
+    payload: bytes,
+    *,
+    piece_size: int = 0,
+    before_piece: Callable[[int], Awaitable[None]] | None = None,
+) -> None:
+    """Write one frame, optionally in pieces with ``await before_piece(n)``
+    before each (the upload rate limit)."""
+    data = _HEADER.pack(len(payload)) + payload
+    if not piece_size or before_piece is None:
+        await stream.write(data)
+        return
+    view = memoryview(data)
+    for start in range(0, len(data), piece_size):
+        piece = view[start : start + piece_size]
+        await before_piece(len(piece))
+        await stream.write(bytes(piece))
 
 
 async def send(stream: ByteStream, msg: Any) -> None:
@@ -73,3 +100,22 @@ async def receive(stream: ByteStream, *expected: type[T]) -> T:
     """Read one frame and decode it as one of the ``expected`` kinds."""
     data = await read_frame(stream, codec.max_size(*expected))
     return codec.decode(data, *expected)
+
+
+async def receive_or_end(stream: ByteStream, *expected: type[T]) -> T | None:
+    """Like ``receive``, but a stream that ends cleanly *between* frames gives
+    None (the peer is done with a long-lived stream); mid-frame it still raises."""
+    try:
+        first = await stream.read(1)
+    except Exception as exc:
+        if _is_eof(exc):
+            return None
+        raise
+    if not first:
+        return None
+    rest = await _read_exactly(stream, _HEADER.size - 1)
+    (length,) = _HEADER.unpack(first + rest)
+    limit = codec.max_size(*expected)
+    if length > limit:
+        raise MessageTooLarge(f"frame of {length} bytes, limit {limit}")
+    return codec.decode(await _read_exactly(stream, length), *expected)

@@ -5,6 +5,7 @@ from __future__ import annotations
 WORK_PROTOCOL = "/echo-swarm/work/1.0.0"
 ROLLOUT_PROTOCOL = "/echo-swarm/rollout/1.0.0"
 CHUNK_PROTOCOL = "/echo-swarm/chunk/1.0.0"
+HAVE_PROTOCOL = "/echo-swarm/have/1.0.0"
 
 # DHT namespace of our records; bootstrap peers and everyone else register a
 # validator for it (protocol.records) so forged records are refused.
@@ -18,3 +19,8 @@ JOB_DIRECTORY_KEY = "echo-swarm/jobs/v1"
 def manifest_key(learner_id: str) -> str:
     """The DHT key of a learner's newest signed manifest."""
     return f"/{DHT_NAMESPACE}/{learner_id}"
+
+
+def swarm_key(job_id: str) -> str:
+    """DHT provider key under which every process of a job announces itself."""
+    return f"echo-swarm/job/{job_id}/peers"

@@ -11,7 +11,7 @@ class _KeyValueFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         fields = getattr(record, "fields", {})
         extra = "".join(f" {k}={v}" for k, v in fields.items())
-        line = f"{self.formatTime(record, '%H:%M:%S')} {record.levelname.lower():5} {record.name}: {record.getMessage()}{extra}"
+        line = f"{self.formatTime(record, '%H:%M:%S')}.{int(record.msecs):03d} {record.levelname.lower():5} {record.name}: {record.getMessage()}{extra}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line

@@ -155,9 +155,22 @@ class Manifest:
 
 @dataclass(frozen=True)
 class ManifestRequest:
-    """Ask a peer for the newest signed manifest of a job it serves."""
+    """Ask a peer for a signed manifest it holds (``version`` -1: its newest)."""
 
     job_id: str = field(metadata=check(JOB_ID))
+    version: int = field(metadata=check(Int(-1, MAX_U53)))
+
+
+@dataclass(frozen=True)
+class Have:
+    """Which chunks of a version the sender holds (bit i of byte i // 8 is
+    chunk i, least significant bit first). Sent on a have-stream whenever it
+    changes."""
+
+    job_id: str = field(metadata=check(JOB_ID))
+    version: int = field(metadata=check(Int(-1, MAX_U53)))
+    manifest_digest: bytes = field(metadata=check(Bytes(0, 32)))
+    bitfield: bytes = field(metadata=check(Bytes(0, MAX_CHUNKS // 8)))
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ import trio
 from libp2p.abc import IHost
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.network.exceptions import SwarmException
+from libp2p.network.stream.exceptions import StreamError
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
 from libp2p.tools.anyio_service import background_trio_service
 
 from protocol.host import make_host, parse_multiaddr, parse_peer_addr
@@ -52,6 +55,41 @@ async def connect_bootstrap(swarm: Swarm, bootstrap: Sequence[str], timeout_s: f
     if bootstrap and connected == 0:
         raise BootstrapUnreachable(f"no bootstrap peer answered: {', '.join(bootstrap)}")
     return connected
+
+
+async def find_providers(swarm: Swarm, key: str, timeout_s: float) -> dict[str, PeerInfo]:
+    """Every provider of ``key`` that this peer or the closest DHT peers know.
+
+    py-libp2p 0.8.1's ``find_providers`` answers from the local provider store
+    alone as soon as it holds anything, and a provider always holds itself, so
+    it would never see the others. This asks the closest peers directly too.
+    Results are de-duplicated by peer id (the library repeats them).
+    """
+    dht = swarm.dht
+    key_bytes = key.encode()
+    found: dict[str, PeerInfo] = {}
+    for info in dht.provider_store.get_providers(key_bytes):
+        found.setdefault(info.peer_id.to_base58(), info)
+    with trio.move_on_after(timeout_s):
+        closest = await dht.peer_routing.find_closest_peers_network(key_bytes)
+
+        async def ask(peer: ID) -> None:
+            with trio.move_on_after(timeout_s):
+                try:
+                    providers, _ = await dht.provider_store._get_providers_from_peer_with_closers(
+                        peer, key_bytes
+                    )
+                except (SwarmException, OSError, StreamError) as exc:
+                    event(log, logging.DEBUG, "provider query failed", peer=peer, error=exc)
+                    return
+                for info in providers:
+                    found.setdefault(info.peer_id.to_base58(), info)
+
+        async with trio.open_nursery() as nursery:
+            for peer in closest:
+                if peer != swarm.host.get_id():
+                    nursery.start_soon(ask, peer)
+    return found
 
 
 @asynccontextmanager

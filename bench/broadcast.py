@@ -1,0 +1,109 @@
+"""Broadcast benchmark: pipelined swarm vs star, real processes on loopback.
+
+One seed holds a synthetic model of ``--size-mib`` MiB; ``--nodes`` nodes
+fetch it; every process's upload is capped at ``--upload-mbit``. With all
+processes running and connected, it times from the seed's announcement until
+every node holds and has verified the version, (a) with relaying (the real
+broadcast) and (b) star: the same code with relaying off, so every node
+downloads from the seed only. ``bound_s`` is size / upload rate, the time the
+seed needs to upload one copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from localswarm import local_swarm  # noqa: E402
+from swarmproc import Peer, wait_until  # noqa: E402
+
+
+def run_once(root: Path, bootstrap: str, args: argparse.Namespace, relay: bool) -> dict:
+    mode = "pipelined" if relay else "star"
+    common = ["--bootstrap", bootstrap, "--job-id", f"bench-{mode}",
+              "--upload-mbit", str(args.upload_mbit), "--chunk-kib", str(args.chunk_kib)]
+    seed = Peer(f"{mode}-seed", ["--role", "seed", "--data-dir", str(root / f"{mode}-seed"),
+                                 "--size-mib", str(args.size_mib), *common], root)
+    peers = [seed]
+    try:
+        wait_until([seed], lambda: seed.last("ready") is not None, 60)
+        learner_id = seed.last("ready")["peer"]
+        nodes = [
+            Peer(f"{mode}-node{i}",
+                 ["--role", "node", "--data-dir", str(root / f"{mode}-node{i}"),
+                  "--learner-id", learner_id, *common, *([] if relay else ["--no-relay"])],
+                 root)
+            for i in range(args.nodes)
+        ]
+        peers += nodes
+        # Connected: every node sees the seed and the other nodes (up to its peer limit).
+        want = min(args.nodes, 16)
+        wait_until(peers, lambda: all((n.last("neighbours") or {}).get("n", 0) >= want for n in nodes), 120)
+        seed.send("publish")
+        wait_until(peers, lambda: all(n.last("complete") for n in nodes) and seed.last("published"),
+                   args.timeout_s)
+        t0 = seed.last("published")["t"]
+        times = sorted(n.last("complete")["t"] - t0 for n in nodes)
+        from_seed = sum(n.last("complete")["bytes_from"].get(learner_id, 0) for n in nodes)
+        total = sum(sum(n.last("complete")["bytes_from"].values()) for n in nodes)
+        return {"s": times[-1], "p50_s": times[len(times) // 2], "seed_share": from_seed / total}
+    finally:
+        for p in peers:
+            p.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--size-mib", type=float, default=64)
+    parser.add_argument("--upload-mbit", type=float, default=80)
+    parser.add_argument("--chunk-kib", type=int, default=1024)
+    parser.add_argument("--timeout-s", type=float, default=300)
+    parser.add_argument("--skip-star", action="store_true", help="only the pipelined run")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--keep-logs", type=Path, default=None, help="copy process logs here")
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="echo-bench-"))
+    try:
+        with local_swarm(root) as swarm:
+            bootstrap = swarm.start_bootstrap()
+            pipelined = run_once(root, bootstrap, args, relay=True)
+            star = None if args.skip_star else run_once(root, bootstrap, args, relay=False)
+    finally:
+        if args.keep_logs is not None:
+            args.keep_logs.mkdir(parents=True, exist_ok=True)
+            for log in root.glob("*.log"):
+                shutil.copy(log, args.keep_logs / log.name)
+        shutil.rmtree(root, ignore_errors=True)
+    bound_s = args.size_mib * 2**20 * 8 / (args.upload_mbit * 1e6)
+    result = {
+        "nodes": args.nodes,
+        "size_mib": args.size_mib,
+        "upload_mbit": args.upload_mbit,
+        "chunk_kib": args.chunk_kib,
+        "bound_s": round(bound_s, 3),
+        "pipelined_s": round(pipelined["s"], 3),
+        "pipelined_p50_s": round(pipelined["p50_s"], 3),
+        "pipelined_over_bound": round(pipelined["s"] / bound_s, 3),
+        "pipelined_seed_share": round(pipelined["seed_share"], 3),
+    }
+    if star is not None:
+        result["star_s"] = round(star["s"], 3)
+        result["star_over_pipelined"] = round(star["s"] / pipelined["s"], 3)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:24} {v}")
+
+
+if __name__ == "__main__":
+    main()

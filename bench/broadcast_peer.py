@@ -1,0 +1,143 @@
+"""One process of the broadcast benchmark: a seed or a node around the real engine.
+
+Driven through JSON lines: it prints ``{"event": ...}`` lines on stdout and
+the seed reads commands on stdin (``publish``). Used by bench/broadcast.py
+and by the broadcast tests; it runs the same engine as echo-node and
+echo-learner, without inference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def emit(**fields) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--role", choices=("seed", "node"), required=True)
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--job-id", default="bench")
+    parser.add_argument("--learner-id", default="", help="the seed's peer id (nodes)")
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--upload-mbit", type=float, default=0.0)
+    parser.add_argument("--size-mib", type=float, default=64.0, help="synthetic model size (seed)")
+    parser.add_argument("--chunk-kib", type=int, default=1024)
+    parser.add_argument("--no-relay", action="store_true", help="never serve (star baseline)")
+    parser.add_argument("--corrupt", action="store_true", help="serve corrupted chunks (tests)")
+    parser.add_argument("--keep", type=int, default=2)
+    parser.add_argument("--max-peers", type=int, default=16)
+    args = parser.parse_args()
+
+    from protocol import logs
+
+    logs.setup(os.environ.get("BENCH_VERBOSE") == "1")
+
+    import trio
+
+    from protocol import manifest as manifests
+    from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
+    from protocol.broadcast.store import VersionStore
+    from protocol.identity import load_or_create
+    from protocol.runtime import run_until_signal
+    from protocol.swarm import connect_bootstrap, open_swarm
+
+    identity = load_or_create(args.data_dir / "identity.key")
+    me = identity.peer_id_str
+    learner_id = me if args.role == "seed" else args.learner_id
+    config = BroadcastConfig(
+        max_upload_mbit=args.upload_mbit, relay=not args.no_relay, max_peers=args.max_peers,
+        discover_interval_s=0.5,
+    )
+
+    async def run() -> None:
+        async with open_swarm(identity, ["/ip4/127.0.0.1/tcp/0"], server=True) as swarm:
+            await connect_bootstrap(swarm, [args.bootstrap], 10)
+            store = VersionStore(args.data_dir / "weights", learner_id=learner_id, keep=args.keep)
+            engine = BroadcastEngine(
+                swarm, store, job_id=args.job_id, learner_id=learner_id,
+                is_seed=args.role == "seed", config=config,
+            )
+            if args.corrupt:
+                corrupt(engine)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(engine.run)
+                emit(event="ready", peer=me, resumed_chunks=sum(len(h) for h in store.held.values()))
+                nursery.start_soon(report_neighbours, engine)
+                if args.role == "seed":
+                    await seed_commands(engine, identity)
+                else:
+                    await follow(engine)
+                nursery.cancel_scope.cancel()
+
+    async def report_neighbours(engine) -> None:
+        last = -1
+        while True:
+            n = sum(1 for h in engine.neighbours.values() if h is not None)
+            if n != last:
+                emit(event="neighbours", n=n)
+                last = n
+            await trio.sleep(0.1)  # status sampling for the driver, not synchronisation
+
+    async def seed_commands(engine, identity) -> None:
+        version = 0
+        stdin = trio.wrap_file(sys.stdin)
+        async for line in stdin:
+            if line.strip() != "publish":
+                continue
+            weights = os.urandom(int(args.size_mib * 2**20))
+            m, chunks = manifests.build(
+                identity, job_id=args.job_id, version=version, parent_version=version - 1,
+                task="bench", model_config="{}", tokenizer_digest=bytes(32), weights=weights,
+                chunk_size=args.chunk_kib * 1024,
+            )
+            await engine.publish(m, chunks)
+            emit(event="published", version=version, t=time.time(), chunks=len(chunks))
+            version += 1
+
+    async def follow(engine) -> None:
+        done: set[int] = set()
+        while True:
+            m = engine.target
+            if m is not None and m.version not in done and engine.store.complete(m.version):
+                done.add(m.version)
+                emit(
+                    event="complete", version=m.version, t=time.time(),
+                    bytes_from=dict(engine.stats.bytes_from), banned=engine.stats.banned,
+                    disk_bytes=engine.store.disk_bytes(),
+                )
+            await engine.wait_progress()
+
+    def corrupt(engine) -> None:
+        """Flip a byte of every chunk this process serves (a malicious peer)."""
+        read = engine.store.read
+
+        def bad_read(version: int, idx: int) -> bytes | None:
+            data = read(version, idx)
+            return None if data is None else bytes([data[0] ^ 0xFF]) + data[1:]
+
+        engine.store.read = bad_read
+
+    profile_to = os.environ.get("BENCH_PROFILE_DIR")
+    if profile_to:  # where a node spends its CPU, for tuning the engine
+        import cProfile
+
+        with cProfile.Profile() as prof:
+            run_until_signal(run)
+        prof.dump_stats(Path(profile_to) / f"{args.role}-{me[-6:]}.prof")
+    else:
+        run_until_signal(run)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,523 @@
+"""The broadcast engine: one per process, the learner (seed) and every node alike.
+
+- Serves every chunk it holds on ``/echo-swarm/chunk/1.0.0`` as soon as the
+  chunk is on disk (written only after its hash matched the signed manifest),
+  within the upload policy and the upload token bucket.
+- Keeps a have-stream (``/echo-swarm/have/1.0.0``) with each neighbour: both
+  sides send a ``Have`` (version, manifest digest, bitfield) whenever theirs
+  changes, and read the other's continuously (yamux resets a stream whose
+  reader stalls for 5 s).
+- Follows the newest version any neighbour announces: fetches its manifest
+  (checked against the learner's key), then downloads its chunks from
+  neighbours as ``scheduler.Download`` decides. A request that makes no
+  progress for ``stall_s`` is cancelled and reissued elsewhere; a peer that
+  sends a chunk that fails its hash is banned for that version.
+- Finds neighbours through DHT provider records of the job's swarm key.
+
+``run`` owns every task; cancelling it closes every stream.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from libp2p.abc import INetStream
+from libp2p.network.exceptions import SwarmException
+from libp2p.network.stream.exceptions import StreamError
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+
+from protocol import codec, framing
+from protocol.broadcast import bitfield
+from protocol.broadcast.ratelimit import TokenBucket
+from protocol.broadcast.scheduler import Download, SchedulerConfig, UploadPolicy
+from protocol.broadcast.store import VersionStore
+from protocol.errors import ChunkHashMismatch, ProtocolError
+from protocol.ids import CHUNK_PROTOCOL, HAVE_PROTOCOL, swarm_key
+from protocol.logs import event
+from protocol.messages import ChunkData, ChunkRequest, ErrorReply, Have, Manifest, ManifestRequest
+from protocol.rpc import RequestFailed, remote_peer, request, serve
+from protocol.swarm import Swarm, find_providers
+
+log = logging.getLogger(__name__)
+
+# Errors a request to a peer can end with; anything else is a bug.
+PEER_ERRORS = (ProtocolError, StreamError, SwarmException, RequestFailed, OSError)
+
+
+@dataclass(frozen=True)
+class BroadcastConfig:
+    max_upload_mbit: float = 0.0  # 0: uncapped
+    # Concurrent uploads; more requests wait in a FIFO queue of upload_queue.
+    # Two slots: a chunk crosses a hop in about 2 x chunk / uplink, so relays
+    # pass it on sooner than with many slots sharing the uplink.
+    upload_slots: int = 2
+    upload_queue: int = 16
+    max_peers: int = 16
+    # Once a chunk's bytes flow, a gap this long means the peer stalled and
+    # the request is reissued elsewhere (below yamux's 5 s reset). Before the
+    # first byte (queued at the uploader) the wait is request_timeout_s.
+    stall_s: float = 3.0
+    # Neighbour discovery runs this often, backing off (doubling) to
+    # discover_max_interval_s while it finds nobody new.
+    discover_interval_s: float = 2.0
+    discover_max_interval_s: float = 30.0
+    request_timeout_s: float = 10.0
+    # Upload write size: larger writes cost py-libp2p far less CPU per byte
+    # (~22 MB/s at 32 KiB, see docs/broadcast.md), while 256 KiB still paces
+    # a capped uplink in 25 ms steps at 80 Mbit/s.
+    piece_bytes: int = 256 * 1024
+    # False: take chunks but never announce or serve them (the "star"
+    # baseline of bench/broadcast.py, where only the seed uploads).
+    relay: bool = True
+    scheduler: SchedulerConfig = SchedulerConfig()
+
+
+@dataclass
+class Stats:
+    bytes_from: Counter = field(default_factory=Counter)
+    chunks_from: Counter = field(default_factory=Counter)
+    bytes_up: int = 0
+    chunks_up: int = 0
+    banned: list[tuple[str, int]] = field(default_factory=list)
+    completed_at: dict[int, float] = field(default_factory=dict)
+
+
+@functools.lru_cache(maxsize=64)
+def manifest_digest(m: Manifest) -> bytes:
+    """A manifest's id in Have messages (cached: it is needed per message)."""
+    return codec.digest(m)
+
+
+class BroadcastEngine:
+    def __init__(
+        self,
+        swarm: Swarm,
+        store: VersionStore,
+        *,
+        job_id: str,
+        learner_id: str,
+        is_seed: bool,
+        config: BroadcastConfig = BroadcastConfig(),
+    ):
+        self.swarm = swarm
+        self.store = store
+        self.job_id = job_id
+        self.learner_id = learner_id
+        self.is_seed = is_seed
+        self.config = config
+        self.me = swarm.host.get_id().to_base58()
+        self.bucket = TokenBucket.from_mbit(config.max_upload_mbit)
+        self.stats = Stats()
+        self.neighbours: dict[str, Have | None] = {}  # peer -> its latest Have
+        self.download: Download | None = None
+        self.target: Manifest | None = store.newest()
+        self._policies: dict[int, UploadPolicy] = {}
+        self._upload_slots = trio.Semaphore(config.upload_slots)
+        # Idle chunk streams per peer, reused request after request: a fresh
+        # py-libp2p yamux stream starts with a 256 KiB window and polls every
+        # 10 ms once it is spent; a reused one has grown its window.
+        self._lanes: dict[str, list[INetStream]] = {}
+        self._learning: set[int] = set()
+        self._local_changed = trio.Event()
+        self._wake_downloader = trio.Event()
+        self._progress = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._rng = random.Random()
+        if self.target is not None and not self.is_seed:
+            self._start_download(self.target)
+
+    # --- lifecycle ---------------------------------------------------------------
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        host = self.swarm.host
+        host.set_stream_handler(HAVE_PROTOCOL, self._on_have_stream)
+        host.set_stream_handler(CHUNK_PROTOCOL, serve(CHUNK_PROTOCOL, self._serve, math.inf))
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._discover_loop)
+            nursery.start_soon(self._download_loop)
+            task_status.started()
+
+    # --- what the owner calls ------------------------------------------------------
+
+    async def publish(self, manifest: Manifest, chunks: list[bytes]) -> None:
+        """Seed a new version: store it and announce it to every neighbour."""
+        self.store.add_manifest(manifest)
+
+        def save_all() -> None:
+            for idx, data in enumerate(chunks):
+                self.store.save_chunk(manifest, idx, data)
+
+        await trio.to_thread.run_sync(save_all)
+        for idx in range(len(chunks)):
+            self.store.mark_held(manifest.version, idx)
+        self.target = manifest
+        self._poke_local()
+
+    def want(self, manifest: Manifest) -> None:
+        """Download ``manifest``'s version if it is newer than what we follow."""
+        if self.target is not None and manifest.version < self.target.version:
+            return
+        if self.target is not None and manifest.version == self.target.version:
+            if manifest_digest(manifest) == manifest_digest(self.target):
+                return
+        self.store.add_manifest(manifest)
+        self._start_download(manifest)
+
+    def superseded(self, version: int) -> bool:
+        return self.target is not None and self.target.version > version
+
+    async def wait_complete(
+        self, version: int, on_progress: Callable[[int, int], None] | None = None
+    ) -> bool:
+        """Wait until every chunk of ``version`` is on disk and verified (True),
+        or a newer version replaced it as the one to fetch (False).
+
+        ``on_progress(chunks_held, peers)`` is called as chunks arrive.
+        """
+        while True:
+            if on_progress is not None:
+                on_progress(len(self.store.chunks_held(version)), len(self.neighbours))
+            if self.store.complete(version):
+                return True
+            if self.superseded(version):
+                return False
+            await self._progress.wait()
+
+    async def wait_progress(self) -> None:
+        """Return at the next change of what this process holds or follows."""
+        await self._progress.wait()
+
+    async def connect(self, info: PeerInfo) -> None:
+        """Dial ``info`` and open a have-stream, unless one is already open."""
+        peer = info.peer_id.to_base58()
+        if peer == self.me or peer in self.neighbours:
+            return
+        if len(self.neighbours) >= self.config.max_peers:
+            return
+        self.neighbours[peer] = None  # reserve: no second dial while this one runs
+        try:
+            with trio.fail_after(self.config.request_timeout_s):
+                if info.addrs:
+                    await self.swarm.host.connect(info)
+                stream = await self.swarm.host.new_stream(info.peer_id, [HAVE_PROTOCOL])
+        except (trio.TooSlowError, *PEER_ERRORS) as exc:
+            self.neighbours.pop(peer, None)
+            event(log, logging.DEBUG, "could not reach peer", peer=peer, error=exc)
+            return
+        await self._run_have_stream(peer, stream)
+
+    # --- notifications -------------------------------------------------------------
+
+    def _poke_local(self) -> None:
+        """Our holdings changed: have-writers send, waiters re-check."""
+        self._local_changed.set()
+        self._local_changed = trio.Event()
+        self._progress.set()
+        self._progress = trio.Event()
+        self._poke_downloader()
+
+    def _poke_downloader(self) -> None:
+        self._wake_downloader.set()
+        self._wake_downloader = trio.Event()
+
+    # --- have-streams --------------------------------------------------------------
+
+    def _my_have(self) -> Have:
+        m = self.target
+        if m is None:
+            return Have(self.job_id, -1, b"", b"")
+        held = self.store.chunks_held(m.version) if self.config.relay or self.is_seed else ()
+        return Have(
+            self.job_id, m.version, manifest_digest(m), bitfield.encode(held, len(m.chunk_hashes))
+        )
+
+    async def _on_have_stream(self, stream: INetStream) -> None:
+        peer = remote_peer(stream)
+        if peer in self.neighbours or len(self.neighbours) >= self.config.max_peers:
+            await stream.close()
+            return
+        self.neighbours[peer] = None
+        await self._run_have_stream(peer, stream)
+
+    async def _run_have_stream(self, peer: str, stream: INetStream) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._have_writer, stream)
+                await self._have_reader(peer, stream)
+                nursery.cancel_scope.cancel()
+        except* PEER_ERRORS as group:
+            event(log, logging.DEBUG, "have-stream ended", peer=peer, error=group.exceptions[0])
+        finally:
+            self.neighbours.pop(peer, None)
+            for lane in self._lanes.pop(peer, []):
+                await _discard(lane)
+            if self.download is not None:
+                self.download.remove_peer(peer)
+            self._poke_downloader()
+            await _discard(stream)
+
+    async def _have_writer(self, stream: INetStream) -> None:
+        last = None
+        while True:
+            changed = self._local_changed
+            have = self._my_have()
+            if have != last:
+                await framing.send(stream, have)
+                last = have
+            await changed.wait()
+
+    async def _have_reader(self, peer: str, stream: INetStream) -> None:
+        while True:
+            have = await framing.receive(stream, Have)
+            if have.job_id != self.job_id:
+                raise ProtocolError(f"have for job {have.job_id}")
+            self.neighbours[peer] = have
+            if self.target is None or have.version > self.target.version:
+                self._learn_version(peer, have.version)
+            self._apply_have(peer, have)
+
+    def _apply_have(self, peer: str, have: Have) -> None:
+        m, d = self.target, self.download
+        if m is None or d is None or have.version != m.version:
+            return
+        if have.manifest_digest != manifest_digest(m):
+            return  # same number, other weights (e.g. a restarted run): not ours
+        try:
+            d.update_peer(peer, bitfield.decode(have.bitfield, len(m.chunk_hashes)))
+        except ProtocolError as exc:
+            event(log, logging.INFO, "bad have", peer=peer, error=exc)
+            return
+        self._poke_downloader()
+
+    def _learn_version(self, peer: str, version: int) -> None:
+        if version in self._learning or self._nursery is None:
+            return
+        self._learning.add(version)
+        self._nursery.start_soon(self._fetch_manifest, peer, version)
+
+    async def _fetch_manifest(self, peer: str, version: int) -> None:
+        try:
+            reply = await request(
+                self.swarm.host, ID.from_base58(peer), CHUNK_PROTOCOL,
+                ManifestRequest(self.job_id, version), Manifest, ErrorReply,
+                timeout_s=self.config.request_timeout_s,
+            )
+            if isinstance(reply, Manifest) and reply.job_id == self.job_id:
+                self.want(reply)  # checks the learner's signature before use
+        except PEER_ERRORS as exc:
+            event(log, logging.INFO, "could not get manifest", peer=peer, version=version, error=exc)
+        finally:
+            self._learning.discard(version)
+
+    # --- downloading ---------------------------------------------------------------
+
+    def _start_download(self, m: Manifest) -> None:
+        self.target = m
+        self.download = Download(
+            n_chunks=len(m.chunk_hashes),
+            have=set(self.store.chunks_held(m.version)),
+            seed=self.learner_id,
+            config=self.config.scheduler,
+            rng=self._rng,
+        )
+        for peer, have in self.neighbours.items():
+            if have is not None:
+                self._apply_have(peer, have)
+        self._poke_local()
+
+    async def _download_loop(self) -> None:
+        assert self._nursery is not None
+        while True:
+            wake = self._wake_downloader
+            d, m = self.download, self.target
+            deadline = float("inf")
+            if d is not None and m is not None and not d.complete:
+                now = trio.current_time()
+                for peer, idx in d.next_requests(now):
+                    self._nursery.start_soon(self._fetch_chunk, d, m, peer, idx)
+                deadline = d.next_wakeup(now)
+            with trio.move_on_at(deadline):
+                await wake.wait()
+
+    async def _fetch_chunk(self, d: Download, m: Manifest, peer: str, idx: int) -> None:
+        outcome = "failed"
+        try:
+            outcome = await self._request_chunk(m, peer, idx)
+        except PEER_ERRORS as exc:
+            event(log, logging.DEBUG, "chunk request failed", peer=peer, idx=idx, error=exc)
+        now = trio.current_time()
+        event(log, logging.DEBUG, "chunk request ended", peer=peer[-6:], idx=idx, outcome=outcome)
+        if outcome == "ok":
+            d.on_done(peer, idx)
+            if self.store.complete(m.version):
+                self.stats.completed_at.setdefault(m.version, time.time())
+            self._poke_local()
+        else:
+            if outcome == "bad":
+                self.stats.banned.append((peer, m.version))
+                event(log, logging.WARNING, "peer sent a chunk that failed its hash; banned for this version",
+                      peer=peer, version=m.version, chunk=idx)
+            d.on_failed(
+                peer, idx, now,
+                bad=outcome == "bad", busy=outcome == "busy", declined=outcome == "ask_others",
+            )
+            self._poke_downloader()
+
+    async def _request_chunk(self, m: Manifest, peer: str, idx: int) -> str:
+        """One chunk request; returns ok, busy, ask_others, bad, stalled or failed."""
+        lanes = self._lanes.setdefault(peer, [])
+        stream = lanes.pop() if lanes else None
+        reusable = False
+        with trio.CancelScope(deadline=trio.current_time() + self.config.request_timeout_s) as scope:
+
+            def progress(_: int) -> None:
+                scope.deadline = trio.current_time() + self.config.stall_s
+
+            try:
+                if stream is None:
+                    stream = await self.swarm.host.new_stream(ID.from_base58(peer), [CHUNK_PROTOCOL])
+                await framing.send(stream, ChunkRequest(self.job_id, m.version, idx))
+                frame = await framing.read_frame(
+                    stream, codec.max_size(ChunkData, ErrorReply), progress
+                )
+                reusable = True
+            finally:
+                if reusable and peer in self.neighbours:
+                    self._lanes.setdefault(peer, []).append(stream)
+                elif stream is not None:
+                    await _discard(stream)
+        if scope.cancelled_caught:
+            event(log, logging.INFO, "peer stalled; reissuing", peer=peer, chunk=idx)
+            return "stalled"
+        reply = codec.decode(frame, ChunkData, ErrorReply)
+        if isinstance(reply, ErrorReply):
+            return reply.code if reply.code in ("busy", "ask_others") else "failed"
+        if (reply.job_id, reply.version, reply.index) != (self.job_id, m.version, idx):
+            return "bad"
+        try:
+            # Hashing and writing 1 MiB take milliseconds: off the event loop.
+            await trio.to_thread.run_sync(self.store.save_chunk, m, idx, reply.data)
+        except ChunkHashMismatch:
+            return "bad"
+        if not self.store.mark_held(m.version, idx):
+            return "failed"  # dropped meanwhile (older than the newest K)
+        self.stats.bytes_from[peer] += len(reply.data)
+        self.stats.chunks_from[peer] += 1
+        return "ok"
+
+    # --- serving -------------------------------------------------------------------
+
+    async def _serve(self, stream: INetStream) -> None:
+        """Answer requests on ``stream`` until the peer ends it."""
+        while True:
+            req = await framing.receive_or_end(stream, ManifestRequest, ChunkRequest)
+            if req is None:
+                return
+            await self._answer(stream, req)
+
+    async def _answer(self, stream: INetStream, req: ManifestRequest | ChunkRequest) -> None:
+        if req.job_id != self.job_id:
+            await framing.send(stream, ErrorReply("unknown_job", f"this swarm runs {self.job_id}"))
+            return
+        if isinstance(req, ManifestRequest):
+            m = self.store.newest() if req.version < 0 else self.store.manifests.get(req.version)
+            if m is None:
+                await framing.send(stream, ErrorReply("unknown_version", f"no v{req.version}"))
+            else:
+                await framing.send(stream, m)
+            return
+        data = self.store.read(req.version, req.index) if self.config.relay or self.is_seed else None
+        if data is None:
+            await framing.send(stream, ErrorReply("unknown_chunk", f"no chunk {req.index} of v{req.version}"))
+            return
+        policy = self._policy(req.version)
+        verdict = policy.allow(req.index, self._holders(req.version, req.index))
+        if verdict != "ok":
+            await framing.send(stream, ErrorReply(verdict, "fetch it later or from another peer"))
+            return
+        ok = False
+        try:
+            payload = codec.encode(ChunkData(self.job_id, req.version, req.index, data))
+            async with self._upload_slots:
+                await framing.write_frame(
+                    stream, payload, piece_size=self.config.piece_bytes, before_piece=self.bucket.take
+                )
+            ok = True
+            self.stats.bytes_up += len(data)
+            self.stats.chunks_up += 1
+        finally:
+            policy.finished(req.index, ok=ok)
+
+    def _holders(self, version: int, idx: int) -> int:
+        """How many neighbours announce chunk ``idx`` of ``version``."""
+        m = self.store.manifests.get(version)
+        if m is None:
+            return 0
+        digest, byte, bit = manifest_digest(m), idx // 8, 1 << (idx % 8)
+        return sum(
+            1
+            for h in self.neighbours.values()
+            if h is not None
+            and h.version == version
+            and h.manifest_digest == digest
+            and len(h.bitfield) > byte
+            and h.bitfield[byte] & bit
+        )
+
+    def _policy(self, version: int) -> UploadPolicy:
+        if version not in self._policies:
+            n = len(self.store.manifests[version].chunk_hashes)
+            self._policies[version] = UploadPolicy(
+                n, self.config.upload_slots + self.config.upload_queue, self.is_seed
+            )
+            for old in [v for v in self._policies if v not in self.store.manifests]:
+                del self._policies[old]
+        return self._policies[version]
+
+    # --- discovery -----------------------------------------------------------------
+
+    async def _discover_loop(self) -> None:
+        assert self._nursery is not None
+        dht = self.swarm.dht
+        key = swarm_key(self.job_id)
+        with trio.move_on_after(self.config.request_timeout_s):
+            await dht.provide(key)
+        interval = self.config.discover_interval_s
+        known: set[str] = set()
+        while True:
+            found = await find_providers(self.swarm, key, self.config.request_timeout_s)
+            for peer, info in found.items():
+                # Only the smaller peer id dials, so two peers that find
+                # each other do not open two have-streams at once.
+                if self.me < peer and peer not in self.neighbours:
+                    self._nursery.start_soon(self.connect, info)
+            new = set(found) - known
+            known |= new
+            full = len(self.neighbours) >= self.config.max_peers
+            interval = (
+                self.config.discover_interval_s
+                if new and not full
+                else min(interval * 2, self.config.discover_max_interval_s)
+            )
+            # A periodic refresh of the neighbour set, not synchronisation.
+            await trio.sleep(interval)
+
+async def _discard(stream: INetStream) -> None:
+    """Reset a stream we will not use again (shielded: runs during cancellation)."""
+    with trio.move_on_after(1) as scope:
+        scope.shield = True
+        try:
+            await stream.reset()
+        except Exception:
+            pass  # already reset by the remote
