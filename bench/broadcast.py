@@ -46,6 +46,7 @@ def run_once(root: Path, bootstrap: str, args: argparse.Namespace, relay: bool) 
         # Connected: every node sees the seed and the other nodes (up to its peer limit).
         want = min(args.nodes, 16)
         wait_until(peers, lambda: all((n.last("neighbours") or {}).get("n", 0) >= want for n in nodes), 120)
+        cpu_before = {n.name: n.last("neighbours")["cpu_s"] for n in nodes}
         seed.send("publish")
         wait_until(peers, lambda: all(n.last("complete") for n in nodes) and seed.last("published"),
                    args.timeout_s)
@@ -53,7 +54,9 @@ def run_once(root: Path, bootstrap: str, args: argparse.Namespace, relay: bool) 
         times = sorted(n.last("complete")["t"] - t0 for n in nodes)
         from_seed = sum(n.last("complete")["bytes_from"].get(learner_id, 0) for n in nodes)
         total = sum(sum(n.last("complete")["bytes_from"].values()) for n in nodes)
-        return {"s": times[-1], "p50_s": times[len(times) // 2], "seed_share": from_seed / total}
+        node_cpu = sum(n.last("complete")["cpu_s"] - cpu_before[n.name] for n in nodes)
+        return {"s": times[-1], "p50_s": times[len(times) // 2], "seed_share": from_seed / total,
+                "node_cpu_s": node_cpu}
     finally:
         for p in peers:
             p.stop()
@@ -94,6 +97,7 @@ def main() -> None:
         "pipelined_p50_s": round(pipelined["p50_s"], 3),
         "pipelined_over_bound": round(pipelined["s"] / bound_s, 3),
         "pipelined_seed_share": round(pipelined["seed_share"], 3),
+        "pipelined_node_cpu_s": round(pipelined["node_cpu_s"], 2),
     }
     if star is not None:
         result["star_s"] = round(star["s"], 3)

@@ -85,7 +85,7 @@ def main() -> None:
         while True:
             n = sum(1 for h in engine.neighbours.values() if h is not None)
             if n != last:
-                emit(event="neighbours", n=n)
+                emit(event="neighbours", n=n, cpu_s=time.process_time())
                 last = n
             await trio.sleep(0.1)  # status sampling for the driver, not synchronisation
 
@@ -102,7 +102,8 @@ def main() -> None:
                 chunk_size=args.chunk_kib * 1024,
             )
             await engine.publish(m, chunks)
-            emit(event="published", version=version, t=time.time(), chunks=len(chunks))
+            emit(event="published", version=version, t=time.time(), chunks=len(chunks),
+                 cpu_s=time.process_time())
             version += 1
 
     async def follow(engine) -> None:
@@ -112,7 +113,7 @@ def main() -> None:
             if m is not None and m.version not in done and engine.store.complete(m.version):
                 done.add(m.version)
                 emit(
-                    event="complete", version=m.version, t=time.time(),
+                    event="complete", version=m.version, t=time.time(), cpu_s=time.process_time(),
                     bytes_from=dict(engine.stats.bytes_from), banned=engine.stats.banned,
                     disk_bytes=engine.store.disk_bytes(),
                 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import shutil
 import time
 from typing import Any
 
@@ -29,17 +30,15 @@ from echo_learner.tasks import TASKS
 from echo_learner.trainer import ScoredGroup, StepStats, Trainer
 from echo_learner.verify import ACCEPTED, Limits, check_batch
 from protocol import codec, framing, manifest
+from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
+from protocol.broadcast.store import VersionStore
 from protocol.host import full_addrs
 from protocol.identity import Identity
-from protocol.ids import CHUNK_PROTOCOL, JOB_DIRECTORY_KEY, ROLLOUT_PROTOCOL, WORK_PROTOCOL, manifest_key
+from protocol.ids import JOB_DIRECTORY_KEY, ROLLOUT_PROTOCOL, WORK_PROTOCOL, manifest_key
 from protocol.logs import event
 from protocol.messages import (
     UNSIGNED,
-    ChunkData,
-    ChunkRequest,
     ErrorReply,
-    Manifest,
-    ManifestRequest,
     NoWork,
     Prompt,
     Receipt,
@@ -83,11 +82,11 @@ class Learner:
             max_new_tokens=config.max_new_tokens,
         )
         self.version = -1
-        self.versions: dict[int, tuple[Manifest, list[bytes]]] = {}
         self.round: Round | None = None
         self.next_prompt_id = 0
         self._changed = trio.Event()
         self.swarm: Swarm | None = None
+        self.engine: BroadcastEngine | None = None
         self.rollouts_accepted = 0
         self.batches_refused = 0
         self.contributors: set[str] = set()
@@ -102,7 +101,10 @@ class Learner:
         """
         cfg = self.config
         try:
-            async with open_swarm(self.identity, cfg.listen, server=True) as swarm:
+            async with (
+                open_swarm(self.identity, cfg.listen, server=True) as swarm,
+                trio.open_nursery() as nursery,
+            ):
                 self.swarm = swarm
                 await connect_bootstrap(swarm, cfg.bootstrap, cfg.bootstrap_timeout_s)
                 host = swarm.host
@@ -113,13 +115,20 @@ class Learner:
                     ROLLOUT_PROTOCOL,
                     serve(ROLLOUT_PROTOCOL, self.handle_rollouts, cfg.request_timeout_s),
                 )
-                host.set_stream_handler(
-                    CHUNK_PROTOCOL, serve(CHUNK_PROTOCOL, self.handle_chunks, cfg.request_timeout_s)
+                # The learner seeds each version into the swarm's broadcast.
+                weights_dir = cfg.data_dir / "weights" / self.job_id
+                shutil.rmtree(weights_dir, ignore_errors=True)  # a fresh run restarts at v0
+                store = VersionStore(weights_dir, learner_id=self.me, keep=cfg.keep_versions)
+                self.engine = BroadcastEngine(
+                    swarm, store, job_id=self.job_id, learner_id=self.me, is_seed=True,
+                    config=BroadcastConfig(max_upload_mbit=cfg.max_upload_mbit),
                 )
+                await nursery.start(self.engine.run)
                 await self.publish()
                 await self.announce()
                 task_status.started(full_addrs(host))
                 await self.train()
+                nursery.cancel_scope.cancel()
         finally:
             self.ledger.close()
 
@@ -188,7 +197,7 @@ class Learner:
 
     async def publish(self) -> None:
         """Chunk and sign the current weights as the next version; put the manifest in the DHT."""
-        assert self.swarm is not None
+        assert self.swarm is not None and self.engine is not None
         weights = await trio.to_thread.run_sync(self.trainer.weights)
         self.version += 1
         signed, chunks = manifest.build(
@@ -202,9 +211,7 @@ class Learner:
             weights=weights,
             chunk_size=self.config.chunk_size,
         )
-        self.versions[self.version] = (signed, chunks)
-        for old in [v for v in self.versions if v <= self.version - self.config.keep_versions]:
-            del self.versions[old]
+        await self.engine.publish(signed, chunks)
         with trio.move_on_after(DHT_TIMEOUT_S) as scope:
             await self.swarm.dht.put_value(manifest_key(self.me), codec.encode(signed))
         if scope.cancelled_caught:
@@ -313,17 +320,3 @@ class Learner:
             behaviour_logprobs=tuple(c.logprobs for c in group.completions),
             rewards=tuple(rewards),
         )
-
-    async def handle_chunks(self, stream: INetStream) -> None:
-        req = await framing.receive(stream, ManifestRequest, ChunkRequest)
-        if req.job_id != self.job_id:
-            await framing.send(stream, ErrorReply("unknown_job", f"this learner runs {self.job_id}"))
-        elif isinstance(req, ManifestRequest):
-            await framing.send(stream, self.versions[self.version][0])
-        elif req.version in self.versions and req.index < len(self.versions[req.version][1]):
-            data = self.versions[req.version][1][req.index]
-            await framing.send(stream, ChunkData(self.job_id, req.version, req.index, data))
-        else:
-            await framing.send(
-                stream, ErrorReply("unknown_chunk", f"no chunk {req.index} of v{req.version}")
-            )

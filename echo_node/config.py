@@ -20,6 +20,11 @@ class NodeConfig:
     learner: str = setting("", "peer id of the learner to work for (default: the first found)")
     backend: str = setting("torch", "inference backend", choices=("torch",))
     max_prompts: int = setting(4, "most prompts to take per work request", lo=1, hi=256)
+    max_upload_mbit: float = setting(
+        0.0, "upload bandwidth cap in Mbit/s for serving weights to peers (0: uncapped)", lo=0
+    )
+    keep_versions: int = setting(2, "weight versions kept on disk (bounds disk use)", lo=1)
+    max_peers: int = setting(16, "most swarm neighbours to exchange weights with", lo=1)
     torch_threads: int = setting(1, "torch CPU threads for generation", lo=1)
     request_timeout_s: float = setting(30.0, "deadline for one chunk or rollout request", lo=1)
     work_timeout_s: float = setting(
@@ -34,9 +39,8 @@ class NodeConfig:
     def identity_path(self) -> Path:
         return self.data_dir / "identity.key"
 
-    @property
-    def chunk_dir(self) -> Path:
-        return self.data_dir / "chunks"
+    def weights_dir(self, job_id: str) -> Path:
+        return self.data_dir / "weights" / job_id
 
     @property
     def receipts_path(self) -> Path:

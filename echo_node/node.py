@@ -22,8 +22,10 @@ from libp2p.peer.peerinfo import PeerInfo
 
 from echo_node.backend_torch import TorchBackend
 from echo_node.config import NodeConfig
-from echo_node.weights import ChunkCache, fetch_manifest, fetch_weights
+from echo_node.weights import download, fetch_manifest
 from protocol import codec
+from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
+from protocol.broadcast.store import VersionStore
 from protocol.errors import ProtocolError, SignatureError
 from protocol.identity import Identity, verify
 from protocol.ids import JOB_DIRECTORY_KEY, ROLLOUT_PROTOCOL, WORK_PROTOCOL, manifest_key
@@ -56,8 +58,8 @@ class Node:
         self.identity = identity
         self.me = identity.peer_id_str
         self.backend = TorchBackend(config.torch_threads)
-        self.cache = ChunkCache(config.chunk_dir)
         self.swarm: Swarm | None = None
+        self.engine: BroadcastEngine | None = None
         self.learner: ID | None = None
         self.job_id = ""
         self.version = -1
@@ -69,10 +71,23 @@ class Node:
         cfg = self.config
         # DHT server mode: py-libp2p 0.8.1 adds every peer that queries it to
         # its routing table and then fails to query client-mode peers back.
-        async with open_swarm(self.identity, cfg.listen, server=True) as swarm:
+        async with (
+            open_swarm(self.identity, cfg.listen, server=True) as swarm,
+            trio.open_nursery() as nursery,
+        ):
             self.swarm = swarm
             await connect_bootstrap(swarm, cfg.bootstrap, cfg.bootstrap_timeout_s)
             await self.find_learner()
+            assert self.learner is not None
+            learner_id = self.learner.to_base58()
+            store = VersionStore(
+                cfg.weights_dir(self.job_id), learner_id=learner_id, keep=cfg.keep_versions
+            )
+            self.engine = BroadcastEngine(
+                swarm, store, job_id=self.job_id, learner_id=learner_id, is_seed=False,
+                config=BroadcastConfig(max_upload_mbit=cfg.max_upload_mbit, max_peers=cfg.max_peers),
+            )
+            await nursery.start(self.engine.run)
             task_status.started((self.learner, self.job_id))
             failures = 0
             while True:
@@ -141,21 +156,24 @@ class Node:
             if reply.retry_after_ms:
                 await trio.sleep(reply.retry_after_ms / 1000)
             return
-        if reply.version != self.version:
-            await self.update_weights(reply.version)
+        if reply.version != self.version and not await self.update_weights(reply.version):
+            return  # the assignment is for an older version: ask again
         await self.roll_out(reply)
 
-    async def update_weights(self, version: int) -> None:
-        assert self.swarm is not None and self.learner is not None
+    async def update_weights(self, version: int) -> bool:
+        """Fetch and load ``version``; False if a newer one superseded it meanwhile."""
+        assert self.swarm is not None and self.learner is not None and self.engine is not None
         timeout = self.config.request_timeout_s
         manifest = await fetch_manifest(self.swarm.host, self.learner, self.job_id, timeout)
         if manifest.version < version:
             raise RequestFailed(f"learner offers v{manifest.version} but assigned v{version}")
-        weights = await fetch_weights(self.swarm.host, self.learner, manifest, self.cache, timeout)
+        if not await download(self.engine, manifest):
+            return False
+        weights = await trio.to_thread.run_sync(self.engine.store.assemble, manifest.version)
         await trio.to_thread.run_sync(self.backend.load, manifest.model_config, weights)
-        self.cache.keep_only(manifest)
         self.version = manifest.version
         event(log, logging.INFO, "loaded weights", version=manifest.version)
+        return manifest.version == version
 
     async def roll_out(self, work: WorkAssignment) -> None:
         assert self.swarm is not None and self.learner is not None

@@ -57,8 +57,10 @@ async def connect_bootstrap(swarm: Swarm, bootstrap: Sequence[str], timeout_s: f
     return connected
 
 
-async def find_providers(swarm: Swarm, key: str, timeout_s: float) -> dict[str, PeerInfo]:
-    """Every provider of ``key`` that this peer or the closest DHT peers know.
+async def find_providers(
+    swarm: Swarm, key: str, timeout_s: float, count: int = 8
+) -> dict[str, PeerInfo]:
+    """Every provider of ``key`` that this peer or its ``count`` closest DHT peers know.
 
     py-libp2p 0.8.1's ``find_providers`` answers from the local provider store
     alone as soon as it holds anything, and a provider always holds itself, so
@@ -71,7 +73,10 @@ async def find_providers(swarm: Swarm, key: str, timeout_s: float) -> dict[str, 
     for info in dht.provider_store.get_providers(key_bytes):
         found.setdefault(info.peer_id.to_base58(), info)
     with trio.move_on_after(timeout_s):
-        closest = await dht.peer_routing.find_closest_peers_network(key_bytes)
+        # The routing table's closest peers, not an iterative network walk:
+        # that walk queries every peer and, repeated by every process, cost
+        # more CPU than the weights themselves in a small swarm.
+        closest = dht.routing_table.find_local_closest_peers(key_bytes, count)
 
         async def ask(peer: ID) -> None:
             with trio.move_on_after(timeout_s):
