@@ -35,6 +35,8 @@ def main() -> None:
     parser.add_argument("--chunk-kib", type=int, default=1024)
     parser.add_argument("--no-relay", action="store_true", help="never serve (star baseline)")
     parser.add_argument("--corrupt", action="store_true", help="serve corrupted chunks (tests)")
+    parser.add_argument("--stall", action="store_true", help="never answer chunk requests (tests)")
+    parser.add_argument("--request-timeout-s", type=float, default=10.0)
     parser.add_argument("--keep", type=int, default=2)
     parser.add_argument("--max-peers", type=int, default=16)
     args = parser.parse_args()
@@ -49,6 +51,7 @@ def main() -> None:
     from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
     from protocol.broadcast.store import VersionStore
     from protocol.identity import load_or_create
+    from protocol.messages import ChunkRequest
     from protocol.runtime import run_until_signal
     from protocol.swarm import connect_bootstrap, open_swarm
 
@@ -57,7 +60,7 @@ def main() -> None:
     learner_id = me if args.role == "seed" else args.learner_id
     config = BroadcastConfig(
         max_upload_mbit=args.upload_mbit, relay=not args.no_relay, max_peers=args.max_peers,
-        discover_interval_s=0.5,
+        discover_interval_s=0.5, request_timeout_s=args.request_timeout_s,
     )
 
     async def run() -> None:
@@ -70,6 +73,8 @@ def main() -> None:
             )
             if args.corrupt:
                 corrupt(engine)
+            if args.stall:
+                stall(engine)
             async with trio.open_nursery() as nursery:
                 await nursery.start(engine.run)
                 emit(event="ready", peer=me, resumed_chunks=sum(len(h) for h in store.held.values()))
@@ -108,13 +113,18 @@ def main() -> None:
 
     async def follow(engine) -> None:
         done: set[int] = set()
+        shown = None
         while True:
             m = engine.target
+            if m is not None and (m.version, len(engine.store.chunks_held(m.version))) != shown:
+                shown = (m.version, len(engine.store.chunks_held(m.version)))
+                emit(event="progress", version=shown[0], held=shown[1])
             if m is not None and m.version not in done and engine.store.complete(m.version):
                 done.add(m.version)
                 emit(
                     event="complete", version=m.version, t=time.time(), cpu_s=time.process_time(),
                     bytes_from=dict(engine.stats.bytes_from), banned=engine.stats.banned,
+                    stalls=dict(engine.stats.stalls),
                     disk_bytes=engine.store.disk_bytes(),
                 )
             await engine.wait_progress()
@@ -128,6 +138,17 @@ def main() -> None:
             return None if data is None else bytes([data[0] ^ 0xFF]) + data[1:]
 
         engine.store.read = bad_read
+
+    def stall(engine) -> None:
+        """Accept chunk requests and never answer them (a stalled peer)."""
+        answer = engine._answer
+
+        async def silent(stream, req) -> None:
+            if isinstance(req, ChunkRequest):
+                await trio.sleep_forever()
+            await answer(stream, req)
+
+        engine._answer = silent
 
     profile_to = os.environ.get("BENCH_PROFILE_DIR")
     if profile_to:  # where a node spends its CPU, for tuning the engine

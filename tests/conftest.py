@@ -5,6 +5,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 
 @pytest.fixture
@@ -14,3 +15,30 @@ def swarm_factory(tmp_path):
 
     with local_swarm(tmp_path / "swarm") as swarm:
         yield swarm
+
+
+@pytest.fixture
+def broadcast_swarm(tmp_path):
+    """A bootstrap peer plus a factory for bench/broadcast_peer.py processes."""
+    from localswarm import local_swarm
+    from swarmproc import Peer
+
+    peers = []
+
+    class Factory:
+        root = tmp_path
+
+        def __init__(self, swarm):
+            self.bootstrap = swarm.start_bootstrap()
+
+        def start(self, name, *args):
+            peer = Peer(name, ["--bootstrap", self.bootstrap, "--data-dir", str(tmp_path / name), *args], tmp_path)
+            peers.append(peer)
+            return peer
+
+    with local_swarm(tmp_path / "swarm") as swarm:
+        try:
+            yield Factory(swarm)
+        finally:
+            for peer in peers:
+                peer.stop()

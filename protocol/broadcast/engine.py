@@ -92,6 +92,7 @@ class Stats:
     bytes_up: int = 0
     chunks_up: int = 0
     banned: list[tuple[str, int]] = field(default_factory=list)
+    stalls: Counter = field(default_factory=Counter)
     completed_at: dict[int, float] = field(default_factory=dict)
 
 
@@ -404,6 +405,7 @@ class BroadcastEngine:
                 elif stream is not None:
                     await _discard(stream)
         if scope.cancelled_caught:
+            self.stats.stalls[peer] += 1
             event(log, logging.INFO, "peer stalled; reissuing", peer=peer, chunk=idx)
             return "stalled"
         reply = codec.decode(frame, ChunkData, ErrorReply)
@@ -501,13 +503,18 @@ class BroadcastEngine:
             await dht.provide(key)
         interval = self.config.discover_interval_s
         known: set[str] = set()
+        unconnected: set[str] = set()
         while True:
             found = await find_providers(self.swarm, key, self.config.request_timeout_s)
-            for peer, info in found.items():
-                # Only the smaller peer id dials, so two peers that find
-                # each other do not open two have-streams at once.
-                if self.me < peer and peer not in self.neighbours:
-                    self._nursery.start_soon(self.connect, info)
+            missing = {p for p in found if p != self.me and p not in self.neighbours}
+            for peer in missing:
+                # The smaller peer id dials first, so two peers that find each
+                # other rarely open two have-streams at once; the larger one
+                # dials too if the other has not within one round (its own
+                # discovery may be sleeping).
+                if self.me < peer or peer in unconnected:
+                    self._nursery.start_soon(self.connect, found[peer])
+            unconnected = missing
             new = set(found) - known
             known |= new
             others = len(found) - (self.me in found)

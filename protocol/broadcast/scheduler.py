@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 
 
@@ -57,11 +58,19 @@ class Download:
     rng: random.Random = field(default_factory=random.Random)
     peers: dict[str, _Peer] = field(default_factory=dict)
     in_flight: dict[int, str] = field(default_factory=dict)
+    # How many usable (not banned) peers announce each chunk; kept up to date
+    # incrementally so that next_requests stays cheap in large swarms.
+    counts: Counter = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         order = list(range(self.n_chunks))
         self.rng.shuffle(order)
         self._tiebreak = {idx: pos for pos, idx in enumerate(order)}
+
+    def _set_chunks(self, state: _Peer, chunks: frozenset[int]) -> None:
+        self.counts.update(chunks - state.chunks)
+        self.counts.subtract(state.chunks - chunks)
+        state.chunks = chunks
 
     @property
     def complete(self) -> bool:
@@ -71,7 +80,9 @@ class Download:
 
     def update_peer(self, peer: str, chunks: frozenset[int]) -> None:
         """``peer`` announced that it holds ``chunks`` of this version."""
-        self.peers.setdefault(peer, _Peer()).chunks = chunks
+        state = self.peers.setdefault(peer, _Peer())
+        if not state.banned:
+            self._set_chunks(state, chunks)
 
     def remove_peer(self, peer: str) -> None:
         """``peer`` left; its open requests still end through ``on_failed``.
@@ -80,6 +91,7 @@ class Download:
         """
         state = self.peers.get(peer)
         if state is not None and not state.banned:
+            self._set_chunks(state, frozenset())
             del self.peers[peer]
 
     # --- what to ask for -----------------------------------------------------------
@@ -98,13 +110,11 @@ class Download:
         }
         if not usable:
             return []
-        counts: dict[int, int] = {}
-        for s in self.peers.values():
-            if not s.banned:
-                for idx in s.chunks:
-                    counts[idx] = counts.get(idx, 0) + 1
+        counts = self.counts
         wanted = [
-            idx for idx in counts if idx not in self.have and idx not in self.in_flight
+            idx
+            for idx, n in counts.items()
+            if n > 0 and idx not in self.have and idx not in self.in_flight
         ]
         wanted.sort(key=lambda idx: (counts[idx], self._tiebreak[idx]))
         out = []
@@ -177,8 +187,8 @@ class Download:
         if state is None:
             return
         if bad:
+            self._set_chunks(state, frozenset())
             state.banned = True
-            state.chunks = frozenset()
         elif declined:
             state.declined[idx] = now + self.config.busy_backoff_s
         elif busy:
