@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--size-mib", type=float, default=64)
     parser.add_argument("--upload-mbit", type=float, default=80)
-    parser.add_argument("--chunk-kib", type=int, default=1024)
+    parser.add_argument("--chunk-kib", type=int, default=512)
     parser.add_argument("--timeout-s", type=float, default=300)
     parser.add_argument("--skip-star", action="store_true", help="only the pipelined run")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--upload-mbit", type=float, default=0.0)
     parser.add_argument("--size-mib", type=float, default=64.0, help="synthetic model size (seed)")
-    parser.add_argument("--chunk-kib", type=int, default=1024)
+    parser.add_argument("--chunk-kib", type=int, default=512)
     parser.add_argument("--no-relay", action="store_true", help="never serve (star baseline)")
     parser.add_argument("--corrupt", action="store_true", help="serve corrupted chunks (tests)")
     parser.add_argument("--stall", action="store_true", help="never answer chunk requests (tests)")

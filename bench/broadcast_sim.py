@@ -222,7 +222,10 @@ class Simulation:
     def request_arrives(self, uploader_name: str, requester: str, idx: int) -> None:
         uploader = self.procs[uploader_name]
         if not uploader.alive:
-            return  # the requester's stall timer was scheduled when it left
+            # It left while the request was on its way: the requester's stall
+            # timer fires.
+            self.at(self.now + self.config.stall_s, self.failed, requester, uploader_name, idx, "stalled")
+            return
         latency = uploader.latency_s + self.procs[requester].latency_s
         verdict = uploader.policy.allow(idx, self.holders(uploader, idx))
         if verdict != "ok":
@@ -322,7 +325,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--size-mib", type=float, default=64)
-    parser.add_argument("--chunk-kib", type=int, default=1024)
+    parser.add_argument("--chunk-kib", type=int, default=512)
     parser.add_argument("--upload-mbit", type=float, default=80, help="seed's (and, homogeneous, every node's) upload")
     parser.add_argument("--heterogeneous", action="store_true", help="log-normal node uploads in [--min-mbit, --max-mbit]")
     parser.add_argument("--min-mbit", type=float, default=5)

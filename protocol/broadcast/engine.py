@@ -57,11 +57,12 @@ PEER_ERRORS = (ProtocolError, StreamError, SwarmException, RequestFailed, OSErro
 @dataclass(frozen=True)
 class BroadcastConfig:
     max_upload_mbit: float = 0.0  # 0: uncapped
-    # Concurrent uploads; more requests wait in a FIFO queue of upload_queue.
-    # Two slots: a chunk crosses a hop in about 2 x chunk / uplink, so relays
-    # pass it on sooner than with many slots sharing the uplink.
+    # Two uploads at a time and four queued: a chunk crosses a hop in about
+    # two chunk-times and the queue hides round trips. Long queues make
+    # requesters wait behind busy peers while others idle; very short ones
+    # starve CPU-bound hosts (docs/broadcast.md has the measurements).
     upload_slots: int = 2
-    upload_queue: int = 16
+    upload_queue: int = 4
     max_peers: int = 16
     # Once a chunk's bytes flow, a gap this long means the peer stalled and
     # the request is reissued elsewhere (below yamux's 5 s reset). Before the
