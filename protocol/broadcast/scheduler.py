@@ -31,8 +31,11 @@ class SchedulerConfig:
     # round trip without piling up behind one slow peer.
     max_in_flight_per_peer: int = 2
     max_in_flight: int = 8
-    # A busy peer (all upload slots taken) is asked again after this long.
+    # A busy peer (upload queue full) is asked again after this long, doubled
+    # for each further busy answer in a row up to busy_backoff_max_s: each
+    # refusal costs both sides a round trip of CPU.
     busy_backoff_s: float = 0.05
+    busy_backoff_max_s: float = 1.0
     # A peer whose request failed (stalled, reset) is rested this long.
     failure_backoff_s: float = 1.0
 
@@ -45,6 +48,7 @@ class _Peer:
     resting_until: float = 0.0
     # Chunks this peer told us to fetch elsewhere, until when.
     declined: dict[int, float] = field(default_factory=dict)
+    busy_streak: int = 0
 
 
 @dataclass
@@ -163,6 +167,9 @@ class Download:
         """Chunk ``idx`` arrived from ``peer`` and matched its hash."""
         self._finish(peer, idx)
         self.have.add(idx)
+        state = self.peers.get(peer)
+        if state is not None:
+            state.busy_streak = 0
 
     def on_failed(
         self,
@@ -192,7 +199,9 @@ class Download:
         elif declined:
             state.declined[idx] = now + self.config.busy_backoff_s
         elif busy:
-            state.resting_until = now + self.config.busy_backoff_s
+            backoff = self.config.busy_backoff_s * 2 ** min(state.busy_streak, 10)
+            state.resting_until = now + min(backoff, self.config.busy_backoff_max_s)
+            state.busy_streak += 1
         else:
             state.resting_until = now + self.config.failure_backoff_s
 
