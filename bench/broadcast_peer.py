@@ -141,14 +141,14 @@ def main() -> None:
 
     def stall(engine) -> None:
         """Accept chunk requests and never answer them (a stalled peer)."""
-        answer = engine._answer
+        answer = engine.server.answer
 
         async def silent(stream, req) -> None:
             if isinstance(req, ChunkRequest):
                 await trio.sleep_forever()
             await answer(stream, req)
 
-        engine._answer = silent
+        engine.server.answer = silent
 
     profile_to = os.environ.get("BENCH_PROFILE_DIR")
     if profile_to:  # where a node spends its CPU, for tuning the engine

@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol.config import ConfigError, Parser, add_arguments, fail, resolve, setting
+from protocol.config import Parser, add_arguments, fail, resolve_or_exit, setting
 
 PROG = "echo-bootstrap"
 ENV_PREFIX = "ECHO_BOOTSTRAP"
@@ -33,10 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     add_arguments(parser, BootstrapConfig)
     parser.add_argument("-v", "--verbose", action="store_true", help="log DHT activity")
     args = parser.parse_args(argv)
-    try:
-        config = resolve(BootstrapConfig, args, ENV_PREFIX)
-    except ConfigError as exc:
-        fail(PROG, str(exc))
+    config = resolve_or_exit(PROG, BootstrapConfig, args, ENV_PREFIX)
 
     from protocol import logs
 
@@ -45,14 +42,11 @@ def main(argv: list[str] | None = None) -> None:
     import trio
 
     from protocol.host import BadMultiaddr, full_addrs
-    from protocol.identity import KeyFileError, load_or_create
+    from protocol.identity import load_or_exit
     from protocol.runtime import run_until_signal
     from protocol.swarm import BootstrapUnreachable, connect_bootstrap, open_swarm
 
-    try:
-        identity = load_or_create(config.identity)
-    except KeyFileError as exc:
-        fail(PROG, str(exc))
+    identity = load_or_exit(PROG, config.identity)
 
     async def serve() -> None:
         async with open_swarm(identity, config.listen, server=True) as swarm:

@@ -10,7 +10,7 @@ import json
 import sys
 
 from echo_learner.config import LearnerConfig
-from protocol.config import ConfigError, Parser, add_arguments, as_dict, fail, resolve
+from protocol.config import Parser, add_arguments, as_dict, fail, resolve_or_exit
 
 PROG = "echo-learner"
 ENV_PREFIX = "ECHO_LEARNER"
@@ -41,10 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command is None:
         parser.print_help()
         raise SystemExit(2)
-    try:
-        config = resolve(LearnerConfig, args, ENV_PREFIX)
-    except ConfigError as exc:
-        fail(PROG, str(exc))
+    config = resolve_or_exit(PROG, LearnerConfig, args, ENV_PREFIX)
     run(config, verbose=args.verbose)
 
 
@@ -55,14 +52,11 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
 
     from echo_learner.service import Learner
     from protocol.host import BadMultiaddr
-    from protocol.identity import KeyFileError, load_or_create
+    from protocol.identity import load_or_exit
     from protocol.runtime import run_until_signal
     from protocol.swarm import BootstrapUnreachable
 
-    try:
-        identity = load_or_create(config.identity_path)
-    except KeyFileError as exc:
-        fail(PROG, str(exc))
+    identity = load_or_exit(PROG, config.identity_path)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     (config.data_dir / "config.json").write_text(json.dumps(as_dict(config), indent=2))
     learner = Learner(config, identity)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from echo_node.config import NodeConfig
-from protocol.config import ConfigError, Parser, add_arguments, fail, resolve
+from protocol.config import Parser, add_arguments, fail, resolve_or_exit
 
 PROG = "echo-node"
 ENV_PREFIX = "ECHO_NODE"
@@ -37,10 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command is None:
         parser.print_help()
         raise SystemExit(2)
-    try:
-        config = resolve(NodeConfig, args, ENV_PREFIX)
-    except ConfigError as exc:
-        fail(PROG, str(exc))
+    config = resolve_or_exit(PROG, NodeConfig, args, ENV_PREFIX)
     if not config.bootstrap:
         fail(PROG, "--bootstrap is required: the multiaddr echo-bootstrap printed")
     join(config, verbose=args.verbose)
@@ -55,14 +52,11 @@ def join(config: NodeConfig, *, verbose: bool) -> None:
 
     from echo_node.node import NoLearnerFound, Node
     from protocol.host import BadMultiaddr
-    from protocol.identity import KeyFileError, load_or_create
+    from protocol.identity import load_or_exit
     from protocol.runtime import run_until_signal
     from protocol.swarm import BootstrapUnreachable
 
-    try:
-        identity = load_or_create(config.identity_path)
-    except KeyFileError as exc:
-        fail(PROG, str(exc))
+    identity = load_or_exit(PROG, config.identity_path)
     node = Node(config, identity)
 
     async def main() -> None:

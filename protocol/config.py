@@ -150,3 +150,11 @@ def fail(prog: str, message: str) -> NoReturn:
     """Exit with a one-line error, the way every Echo Swarm command reports misuse."""
     sys.stderr.write(f"{prog}: error: {message}\n")
     raise SystemExit(2)
+
+
+def resolve_or_exit(prog: str, cls: type[T], args: argparse.Namespace, env_prefix: str) -> T:
+    """``resolve``, reporting a bad setting in one line and exiting 2."""
+    try:
+        return resolve(cls, args, env_prefix)
+    except ConfigError as exc:
+        fail(prog, str(exc))

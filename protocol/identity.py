@@ -70,6 +70,16 @@ def load_or_create(path: Path) -> Identity:
     return identity
 
 
+def load_or_exit(prog: str, path: Path) -> Identity:
+    """``load_or_create``, reporting a bad key file in one line and exiting 2."""
+    from protocol.config import fail
+
+    try:
+        return load_or_create(path)
+    except KeyFileError as exc:
+        fail(prog, str(exc))
+
+
 def save(identity: Identity, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")

@@ -22,7 +22,9 @@ def test_swarm_trains_and_every_accepted_batch_has_a_receipt(swarm_factory):
     swarm.start_node(1)
     assert learner.wait(timeout=400) == 0, (swarm.root / "learner.log").read_text()[-3000:]
     # Nodes keep retrying a learner that is gone until Ctrl-C, then leave cleanly.
-    assert swarm.stop("node0") == 0 and swarm.stop("node1") == 0
+    codes = {name: swarm.stop(name) for name in ("node0", "node1")}
+    logs = {name: (swarm.root / f"{name}.log").read_text()[-2000:] for name in codes}
+    assert codes == {"node0": 0, "node1": 0}, logs
 
     metrics = swarm.metrics()
     assert [m["version"] for m in metrics] == list(range(1, STEPS + 1))

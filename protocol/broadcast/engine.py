@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import random
@@ -38,8 +37,8 @@ from libp2p.peer.peerinfo import PeerInfo
 
 from protocol import codec, framing
 from protocol.broadcast import bitfield
-from protocol.broadcast.ratelimit import TokenBucket
-from protocol.broadcast.scheduler import Download, SchedulerConfig, UploadPolicy
+from protocol.broadcast.scheduler import Download, SchedulerConfig
+from protocol.broadcast.serving import ChunkServer, manifest_digest
 from protocol.broadcast.store import VersionStore
 from protocol.errors import ChunkHashMismatch, ProtocolError
 from protocol.ids import CHUNK_PROTOCOL, HAVE_PROTOCOL, swarm_key
@@ -97,12 +96,6 @@ class Stats:
     completed_at: dict[int, float] = field(default_factory=dict)
 
 
-@functools.lru_cache(maxsize=64)
-def manifest_digest(m: Manifest) -> bytes:
-    """A manifest's id in Have messages (cached: it is needed per message)."""
-    return codec.digest(m)
-
-
 class BroadcastEngine:
     def __init__(
         self,
@@ -121,13 +114,11 @@ class BroadcastEngine:
         self.is_seed = is_seed
         self.config = config
         self.me = swarm.host.get_id().to_base58()
-        self.bucket = TokenBucket.from_mbit(config.max_upload_mbit)
         self.stats = Stats()
         self.neighbours: dict[str, Have | None] = {}  # peer -> its latest Have
         self.download: Download | None = None
         self.target: Manifest | None = store.newest()
-        self._policies: dict[int, UploadPolicy] = {}
-        self._upload_slots = trio.Semaphore(config.upload_slots)
+        self.server = ChunkServer(self)
         # Idle chunk streams per peer, reused request after request: a fresh
         # py-libp2p yamux stream starts with a 256 KiB window and polls every
         # 10 ms once it is spent; a reused one has grown its window.
@@ -146,7 +137,7 @@ class BroadcastEngine:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         host = self.swarm.host
         host.set_stream_handler(HAVE_PROTOCOL, self._on_have_stream)
-        host.set_stream_handler(CHUNK_PROTOCOL, serve(CHUNK_PROTOCOL, self._serve, math.inf))
+        host.set_stream_handler(CHUNK_PROTOCOL, serve(CHUNK_PROTOCOL, self.server.serve, math.inf))
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._discover_loop)
@@ -424,75 +415,6 @@ class BroadcastEngine:
         self.stats.bytes_from[peer] += len(reply.data)
         self.stats.chunks_from[peer] += 1
         return "ok"
-
-    # --- serving -------------------------------------------------------------------
-
-    async def _serve(self, stream: INetStream) -> None:
-        """Answer requests on ``stream`` until the peer ends it."""
-        while True:
-            req = await framing.receive_or_end(stream, ManifestRequest, ChunkRequest)
-            if req is None:
-                return
-            await self._answer(stream, req)
-
-    async def _answer(self, stream: INetStream, req: ManifestRequest | ChunkRequest) -> None:
-        if req.job_id != self.job_id:
-            await framing.send(stream, ErrorReply("unknown_job", f"this swarm runs {self.job_id}"))
-            return
-        if isinstance(req, ManifestRequest):
-            m = self.store.newest() if req.version < 0 else self.store.manifests.get(req.version)
-            if m is None:
-                await framing.send(stream, ErrorReply("unknown_version", f"no v{req.version}"))
-            else:
-                await framing.send(stream, m)
-            return
-        data = self.store.read(req.version, req.index) if self.config.relay or self.is_seed else None
-        if data is None:
-            await framing.send(stream, ErrorReply("unknown_chunk", f"no chunk {req.index} of v{req.version}"))
-            return
-        policy = self._policy(req.version)
-        verdict = policy.allow(req.index, self._holders(req.version, req.index))
-        if verdict != "ok":
-            await framing.send(stream, ErrorReply(verdict, "fetch it later or from another peer"))
-            return
-        ok = False
-        try:
-            payload = codec.encode(ChunkData(self.job_id, req.version, req.index, data))
-            async with self._upload_slots:
-                await framing.write_frame(
-                    stream, payload, piece_size=self.config.piece_bytes, before_piece=self.bucket.take
-                )
-            ok = True
-            self.stats.bytes_up += len(data)
-            self.stats.chunks_up += 1
-        finally:
-            policy.finished(req.index, ok=ok)
-
-    def _holders(self, version: int, idx: int) -> int:
-        """How many neighbours announce chunk ``idx`` of ``version``."""
-        m = self.store.manifests.get(version)
-        if m is None:
-            return 0
-        digest, byte, bit = manifest_digest(m), idx // 8, 1 << (idx % 8)
-        return sum(
-            1
-            for h in self.neighbours.values()
-            if h is not None
-            and h.version == version
-            and h.manifest_digest == digest
-            and len(h.bitfield) > byte
-            and h.bitfield[byte] & bit
-        )
-
-    def _policy(self, version: int) -> UploadPolicy:
-        if version not in self._policies:
-            n = len(self.store.manifests[version].chunk_hashes)
-            self._policies[version] = UploadPolicy(
-                n, self.config.upload_slots + self.config.upload_queue, self.is_seed
-            )
-            for old in [v for v in self._policies if v not in self.store.manifests]:
-                del self._policies[old]
-        return self._policies[version]
 
     # --- discovery -----------------------------------------------------------------
 

@@ -1,0 +1,109 @@
+"""The serving side of the broadcast: answer manifest and chunk requests.
+
+One ``ChunkServer`` per engine. A chunk stream carries requests one after
+another until the requester closes it. Chunks go out through the process's
+upload token bucket, ``upload_slots`` at a time with a short queue behind
+(``UploadPolicy``), and the learner declines to push a chunk again before it
+has pushed every chunk as often (``ask_others``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import trio
+from libp2p.abc import INetStream
+
+from protocol import codec, framing
+from protocol.broadcast.ratelimit import TokenBucket
+from protocol.broadcast.scheduler import UploadPolicy
+from protocol.messages import ChunkData, ChunkRequest, ErrorReply, Manifest, ManifestRequest
+
+if TYPE_CHECKING:
+    from protocol.broadcast.engine import BroadcastEngine
+
+
+@functools.lru_cache(maxsize=64)
+def manifest_digest(m: Manifest) -> bytes:
+    """A manifest's id in Have messages (cached: it is needed per message)."""
+    return codec.digest(m)
+
+
+class ChunkServer:
+    def __init__(self, engine: BroadcastEngine):
+        self.engine = engine
+        self.bucket = TokenBucket.from_mbit(engine.config.max_upload_mbit)
+        self._slots = trio.Semaphore(engine.config.upload_slots)
+        self._policies: dict[int, UploadPolicy] = {}
+
+    async def serve(self, stream: INetStream) -> None:
+        """Answer requests on ``stream`` until the peer ends it."""
+        while True:
+            req = await framing.receive_or_end(stream, ManifestRequest, ChunkRequest)
+            if req is None:
+                return
+            await self.answer(stream, req)
+
+    async def answer(self, stream: INetStream, req: ManifestRequest | ChunkRequest) -> None:
+        e = self.engine
+        if req.job_id != e.job_id:
+            await framing.send(stream, ErrorReply("unknown_job", f"this swarm runs {e.job_id}"))
+            return
+        if isinstance(req, ManifestRequest):
+            m = e.store.newest() if req.version < 0 else e.store.manifests.get(req.version)
+            if m is None:
+                await framing.send(stream, ErrorReply("unknown_version", f"no v{req.version}"))
+            else:
+                await framing.send(stream, m)
+            return
+        data = e.store.read(req.version, req.index) if e.config.relay or e.is_seed else None
+        if data is None:
+            await framing.send(
+                stream, ErrorReply("unknown_chunk", f"no chunk {req.index} of v{req.version}")
+            )
+            return
+        policy = self._policy(req.version)
+        verdict = policy.allow(req.index, self._holders(req.version, req.index))
+        if verdict != "ok":
+            await framing.send(stream, ErrorReply(verdict, "fetch it later or from another peer"))
+            return
+        ok = False
+        try:
+            payload = codec.encode(ChunkData(e.job_id, req.version, req.index, data))
+            async with self._slots:
+                await framing.write_frame(
+                    stream, payload, piece_size=e.config.piece_bytes, before_piece=self.bucket.take
+                )
+            ok = True
+            e.stats.bytes_up += len(data)
+            e.stats.chunks_up += 1
+        finally:
+            policy.finished(req.index, ok=ok)
+
+    def _holders(self, version: int, idx: int) -> int:
+        """How many neighbours announce chunk ``idx`` of ``version``."""
+        m = self.engine.store.manifests.get(version)
+        if m is None:
+            return 0
+        digest, byte, bit = manifest_digest(m), idx // 8, 1 << (idx % 8)
+        return sum(
+            1
+            for h in self.engine.neighbours.values()
+            if h is not None
+            and h.version == version
+            and h.manifest_digest == digest
+            and len(h.bitfield) > byte
+            and h.bitfield[byte] & bit
+        )
+
+    def _policy(self, version: int) -> UploadPolicy:
+        e = self.engine
+        if version not in self._policies:
+            n = len(e.store.manifests[version].chunk_hashes)
+            self._policies[version] = UploadPolicy(
+                n, e.config.upload_slots + e.config.upload_queue, e.is_seed
+            )
+            for old in [v for v in self._policies if v not in e.store.manifests]:
+                del self._policies[old]
+        return self._policies[version]
