@@ -78,7 +78,7 @@ class LocalSwarm:
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
-    def stop(self, name: str, grace_s: float = 15) -> int:
+    def stop(self, name: str, grace_s: float = 30) -> int:
         """SIGINT, then SIGKILL after ``grace_s``; returns the exit code."""
         proc = self.procs[name]
         if proc.poll() is None:
