@@ -1,7 +1,6 @@
 """The broadcast between real processes on loopback (bench/broadcast_peer.py runs
 the same engine as echo-node and echo-learner, without inference)."""
 
-
 from swarmproc import wait_until
 
 MIB = 2**20
