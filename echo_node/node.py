@@ -22,7 +22,7 @@ from libp2p.peer.peerinfo import PeerInfo
 
 from echo_node.backend_torch import TorchBackend
 from echo_node.config import NodeConfig
-from echo_node.weights import download, fetch_manifest
+from echo_node.weights import download
 from protocol import codec
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
 from protocol.broadcast.store import VersionStore
@@ -163,8 +163,7 @@ class Node:
     async def update_weights(self, version: int) -> bool:
         """Fetch and load ``version``; False if a newer one superseded it meanwhile."""
         assert self.swarm is not None and self.learner is not None and self.engine is not None
-        timeout = self.config.request_timeout_s
-        manifest = await fetch_manifest(self.swarm.host, self.learner, self.job_id, timeout)
+        manifest = await self.engine.fetch_manifest(self.learner.to_base58())
         if manifest.version < version:
             raise RequestFailed(f"learner offers v{manifest.version} but assigned v{version}")
         if not await download(self.engine, manifest):

@@ -29,6 +29,10 @@ class StreamClosed(ProtocolError):
     frame is the only sign that the remote died mid-message.
     """
 
+    def __init__(self, message: str, received: int = 0):
+        super().__init__(message)
+        self.received = received  # bytes of the cut-short read that did arrive
+
 
 class ChunkHashMismatch(ProtocolError):
     """A weight chunk whose hash differs from the signed manifest."""

@@ -50,7 +50,7 @@ async def _read_exactly(
             else:
                 raise
         if not piece:
-            raise StreamClosed(f"stream ended after {len(buf)} of {n} bytes")
+            raise StreamClosed(f"stream ended after {len(buf)} of {n} bytes", received=len(buf))
         buf += piece
         if on_progress is not None:
             on_progress(len(piece))
@@ -106,15 +106,12 @@ async def receive_or_end(stream: ByteStream, *expected: type[T]) -> T | None:
     """Like ``receive``, but a stream that ends cleanly *between* frames gives
     None (the peer is done with a long-lived stream); mid-frame it still raises."""
     try:
-        first = await stream.read(1)
-    except Exception as exc:
-        if _is_eof(exc):
+        header = await _read_exactly(stream, _HEADER.size)
+    except StreamClosed as exc:
+        if exc.received == 0:
             return None
         raise
-    if not first:
-        return None
-    rest = await _read_exactly(stream, _HEADER.size - 1)
-    (length,) = _HEADER.unpack(first + rest)
+    (length,) = _HEADER.unpack(header)
     limit = codec.max_size(*expected)
     if length > limit:
         raise MessageTooLarge(f"frame of {length} bytes, limit {limit}")

@@ -36,6 +36,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
 from protocol import codec, framing
+from protocol import manifest as manifests
 from protocol.broadcast import bitfield
 from protocol.broadcast.scheduler import Download, SchedulerConfig
 from protocol.broadcast.serving import ChunkServer, manifest_digest
@@ -305,15 +306,27 @@ class BroadcastEngine:
         self._learning.add(version)
         self._nursery.start_soon(self._fetch_manifest, peer, version)
 
+    async def fetch_manifest(self, peer: str, version: int = -1) -> Manifest:
+        """Manifest ``version`` (-1: the newest) from ``peer``, checked against the
+        job and the learner's key; ``RequestFailed`` otherwise."""
+        reply = await request(
+            self.swarm.host, ID.from_base58(peer), CHUNK_PROTOCOL,
+            ManifestRequest(self.job_id, version), Manifest, ErrorReply,
+            timeout_s=self.config.request_timeout_s,
+        )
+        if isinstance(reply, ErrorReply):
+            raise RequestFailed(f"{peer} has no manifest v{version}: {reply.code}")
+        if reply.job_id != self.job_id:
+            raise RequestFailed(f"{peer} sent a manifest of job {reply.job_id}")
+        try:
+            manifests.check(reply, self.learner_id)
+        except ProtocolError as exc:
+            raise RequestFailed(f"{peer} sent a manifest that fails its check: {exc}") from exc
+        return reply
+
     async def _fetch_manifest(self, peer: str, version: int) -> None:
         try:
-            reply = await request(
-                self.swarm.host, ID.from_base58(peer), CHUNK_PROTOCOL,
-                ManifestRequest(self.job_id, version), Manifest, ErrorReply,
-                timeout_s=self.config.request_timeout_s,
-            )
-            if isinstance(reply, Manifest) and reply.job_id == self.job_id:
-                self.want(reply)  # checks the learner's signature before use
+            self.want(await self.fetch_manifest(peer, version))
         except PEER_ERRORS as exc:
             event(log, logging.INFO, "could not get manifest", peer=peer, version=version, error=exc)
         finally:
