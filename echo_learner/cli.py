@@ -1,4 +1,10 @@
-"""``echo-learner``: run the learner of a training job.
+"""``echo-learner``: run the learner of a training job, and look at a running or finished one.
+
+    run      train and serve (the learner itself)
+    status   the running learner's job, progress and capacity (HTTP API)
+    peers    the nodes the running learner knows (HTTP API)
+    ledger   the contributor leaderboard (reads the SQLite ledger directly)
+    export   the trained model as a Hugging Face directory (from the checkpoint)
 
 Heavy libraries (torch, transformers, libp2p) are imported only after the
 arguments parse, so ``--help`` and argument errors are instant.
@@ -6,10 +12,14 @@ arguments parse, so ``--help`` and argument errors are instant.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+import time
+from pathlib import Path
+from typing import Any
 
-from echo_learner.config import LearnerConfig
+from echo_learner.config import LearnerConfig, default_data_dir
 from protocol.config import Parser, add_arguments, as_dict, fail, resolve_or_exit
 
 PROG = "echo-learner"
@@ -28,10 +38,37 @@ def build_parser() -> Parser:
         "run",
         help="train and serve until --steps are done (Ctrl-C stops early)",
         description=f"Train and serve. Every setting can also come from the env var "
-        f"{ENV_PREFIX}_<NAME> or a TOML file (--config); flags win.",
+        f"{ENV_PREFIX}_<NAME> or a TOML file (--config); flags win. A checkpoint is "
+        "written every --checkpoint-every steps; --resume continues from it.",
     )
     add_arguments(run, LearnerConfig)
     run.add_argument("-v", "--verbose", action="store_true", help="log every step and refusal")
+
+    def reader(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument(
+            "--data-dir", type=Path, default=default_data_dir(),
+            help=f"the learner's data dir (default: {default_data_dir()})",
+        )
+        sub.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        return sub
+
+    for name, help_text in (
+        ("status", "show the running learner's job, progress and capacity model"),
+        ("peers", "list the nodes the running learner knows"),
+    ):
+        sub = reader(name, help_text)
+        sub.add_argument("--url", default=None, help="status API URL (default: read from --data-dir)")
+    ledger = reader("ledger", "print the contributor leaderboard from the ledger")
+    ledger.add_argument("--limit", type=int, default=20, help="rows to show (default: 20)")
+    export = commands.add_parser(
+        "export",
+        help="write the trained model as a Hugging Face directory",
+        description="Write the model of the newest checkpoint in --data-dir, with its "
+        "tokenizer, as a Hugging Face directory (loadable with from_pretrained).",
+    )
+    export.add_argument("out", type=Path, help="directory to write (must not exist or be empty)")
+    export.add_argument("--data-dir", type=Path, default=default_data_dir(), help="the learner's data dir")
     return parser
 
 
@@ -41,8 +78,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.command is None:
         parser.print_help()
         raise SystemExit(2)
-    config = resolve_or_exit(PROG, LearnerConfig, args, ENV_PREFIX)
-    run(config, verbose=args.verbose)
+    if args.command == "run":
+        config = resolve_or_exit(PROG, LearnerConfig, args, ENV_PREFIX)
+        run(config, verbose=args.verbose)
+    elif args.command in ("status", "peers"):
+        show(args)
+    elif args.command == "ledger":
+        ledger(args)
+    else:
+        export(args)
 
 
 def run(config: LearnerConfig, *, verbose: bool) -> None:
@@ -50,7 +94,8 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
 
     logs.setup(verbose)
 
-    from echo_learner.service import Learner
+    from echo_learner.checkpoint import CheckpointError
+    from echo_learner.service import Learner, StartError
     from protocol.host import BadMultiaddr
     from protocol.identity import load_or_exit
     from protocol.runtime import run_until_signal
@@ -65,18 +110,138 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
         import trio
 
         async with trio.open_nursery() as nursery:
-            addrs = await nursery.start(learner.run)
-            print(f"learner {identity.peer_id_str} job {learner.job_id}", flush=True)
+            addrs, api_url = await nursery.start(learner.run)
+            print(f"learner {identity.peer_id_str} job {learner.job_id} ({config.mode} mode)", flush=True)
             for addr in addrs:
                 print(f"listening on {addr}", flush=True)
+            print(f"status API: {api_url}", flush=True)
 
     try:
         stopped = run_until_signal(main)
-    except (BadMultiaddr, BootstrapUnreachable) as exc:
+    except (BadMultiaddr, BootstrapUnreachable, StartError, CheckpointError) as exc:
         fail(PROG, str(exc))
+    except OSError as exc:
+        fail(PROG, f"cannot start: {exc}")
+    c = learner.ingest.counters
     print(
-        f"learner {'stopped' if stopped else 'finished'}: version {learner.version}, "
-        f"{learner.rollouts_accepted} rollouts accepted from {len(learner.contributors)} nodes",
+        f"learner {'stopped' if stopped else 'finished'}: step {learner.step}, version "
+        f"{learner.version}, {c.rollouts_accepted} rollouts accepted from "
+        f"{len(learner.ingest.contributors)} nodes, {c.batches_refused} batches refused",
         flush=True,
     )
     sys.exit(0)
+
+
+# --- reading a running learner ---------------------------------------------------
+
+
+def api_get(args: argparse.Namespace, path: str) -> Any:
+    import urllib.error
+    import urllib.request
+
+    url = args.url
+    if url is None:
+        api_file = args.data_dir / "api.json"
+        try:
+            url = json.loads(api_file.read_text())["url"]
+        except (OSError, ValueError, KeyError):
+            fail(PROG, f"no running learner found ({api_file} missing); pass --url or --data-dir")
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + path, timeout=10) as resp:
+            return json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        fail(PROG, f"the learner's status API at {url} did not answer: {exc}")
+
+
+def show(args: argparse.Namespace) -> None:
+    if args.command == "status":
+        data = api_get(args, "/api/status")
+        if args.json:
+            print(json.dumps(data, indent=2))
+            return
+        cap = data["capacity"]
+        m = data["measurements"]
+        reward = "-" if data["reward"] is None else f"{data['reward']:.3f}"
+        print(
+            f"job        {data['job_id']} ({data['task']}, {data['model']}, "
+            f"{data['parameters']:,} parameters)\n"
+            f"mode       {data['mode']}, staleness {data['staleness']}, "
+            f"publish every {data['publish_every']}\n"
+            f"progress   step {data['step']}/{data['steps']}, version {data['version']}, "
+            f"{data['steps_per_s']:.2f} steps/s, uptime {data['uptime_s']:.0f} s\n"
+            f"reward     {reward}\n"
+            f"rollouts   {data['rollouts_accepted']} accepted, {data['batches_refused']} batches "
+            f"refused {data['refusals'] or ''}\n"
+            f"nodes      {data['peers']} active, {data['contributors']} contributed\n"
+            f"learner    utilization {data['utilization']:.0%} (train {m['train_s']:.3f} s/step, "
+            f"publish {m['publish_s']:.3f} s, broadcast {m['broadcast_s']:.3f} s)\n"
+            f"capacity   forecast utilization {cap['utilization']:.0%}; {cap['verdict']} "
+            f"(have {cap['supply_rollouts_per_s']:.1f}, need {cap['needed_rollouts_per_s']:.1f} rollouts/s)"
+        )
+        return
+    peers = api_get(args, "/api/peers")["peers"]
+    if args.json:
+        print(json.dumps(peers, indent=2))
+        return
+    print(f"{'peer':<14} {'backend':<7} {'dtype':<5} {'version':>7} {'rollouts/s':>10} "
+          f"{'accepted':>8} {'refused':>7} {'seen':>6}  last verdict")
+    for p in peers:
+        banned = f" BANNED {p['banned_for_s']:.0f}s" if p["banned_for_s"] else ""
+        print(
+            f"…{p['peer'][-12:]:<13} {p['backend']:<7} {p['dtype']:<5} {p['held_version']:>7} "
+            f"{p['rollouts_per_s']:>10.1f} {p['accepted']:>8} {p['refused']:>7} "
+            f"{p['last_seen_s']:>5.0f}s  {p['last_reason']}{banned}"
+        )
+
+
+# --- reading the data dir ---------------------------------------------------------
+
+
+def ledger(args: argparse.Namespace) -> None:
+    import sqlite3
+    from dataclasses import asdict
+
+    from echo_learner.ledger import Ledger
+
+    if args.limit < 1:
+        fail(PROG, "--limit must be at least 1")
+    try:
+        db = Ledger(args.data_dir / "ledger.sqlite", readonly=True)
+        rows = db.leaderboard(args.limit)
+        refusals = db.refusal_counts()
+        db.close()
+    except (FileNotFoundError, sqlite3.Error) as exc:
+        fail(PROG, f"cannot read the ledger: {exc}")
+    if args.json:
+        print(json.dumps({"contributors": [asdict(r) for r in rows], "refusals": refusals}, indent=2))
+        return
+    print(f"{'#':>3} {'peer':<54} {'credit':>10} {'tokens':>9} {'rollouts':>9} {'accepted':>8} {'refused':>7}")
+    for i, r in enumerate(rows, 1):
+        print(f"{i:>3} {r.peer:<54} {r.credit:>10.0f} {r.tokens:>9} {r.rollouts:>9} "
+              f"{r.accepted:>8} {r.refused:>7}")
+    if refusals:
+        print("refused: " + ", ".join(f"{k} {v}" for k, v in sorted(refusals.items())))
+
+
+def export(args: argparse.Namespace) -> None:
+    if args.out.exists() and any(args.out.iterdir()):
+        fail(PROG, f"{args.out} exists and is not empty")
+
+    from echo_learner import checkpoint
+    from echo_learner.model import build_model, build_tokenizer
+
+    started = time.monotonic()
+    try:
+        state = checkpoint.load(args.data_dir / "checkpoint.pt")
+    except checkpoint.CheckpointError as exc:
+        fail(PROG, str(exc))
+    model = build_model()
+    model.load_state_dict(state["model"])
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(args.out)
+    build_tokenizer().save_pretrained(args.out)
+    print(
+        f"exported step {state['step']} (version {state['version']}) to {args.out} "
+        f"in {time.monotonic() - started:.1f} s",
+        flush=True,
+    )

@@ -8,7 +8,7 @@ from pathlib import Path
 from protocol.config import setting
 
 
-def _default_data_dir() -> Path:
+def default_data_dir() -> Path:
     return Path.home() / ".echo-swarm" / "learner"
 
 
@@ -18,11 +18,24 @@ class LearnerConfig:
     listen: list[str] = setting(
         ["/ip4/0.0.0.0/tcp/0"], "multiaddr to listen on (tcp/0 picks a free port)"
     )
-    data_dir: Path = setting(_default_data_dir(), "identity, ledger and metrics live here")
+    data_dir: Path = setting(default_data_dir(), "identity, ledger and metrics live here")
     task: str = setting("reverse", "training task", choices=("reverse",))
     steps: int = setting(200, "training steps before the learner stops", lo=1)
     job_id: str = setting("", "job id announced to nodes (default: <task>-<short peer id>)")
     seed: int = setting(0, "seed for prompts and model initialisation", lo=0)
+    # Training mode (docs/learner.md). sync: every step trains on rollouts of
+    # the current version only (ECHO's pull mode; staleness 0). async: nodes
+    # keep generating while the learner trains, from a replay buffer whose
+    # rollouts are at most --staleness versions old (ECHO's push-pull mode).
+    mode: str = setting("sync", "sync: on-policy steps; async: overlap generation and training",
+                        choices=("sync", "async"))
+    staleness: int = setting(
+        2, "async: oldest usable rollout is this many versions behind the current one", lo=1, hi=64
+    )
+    publish_every: int = setting(1, "async: publish a new version every K steps", lo=1, hi=1000)
+    buffer_steps: int = setting(
+        2, "async: prompts in flight plus verified groups waiting, in training steps' worth", lo=1, hi=64
+    )
     # GRPO: group 16 x 16 prompts learns the reverse task from scratch on 2
     # cores; AdamW lr 1e-3 reached reward ~0.5 in 60 steps, 5e-4 in ~100, and
     # 3e-3 collapsed to a constant answer (../shared/notes/inference.md).
@@ -34,6 +47,10 @@ class LearnerConfig:
     )
     lr: float = setting(1e-3, "AdamW learning rate", lo=0.0, hi=1.0)
     clip_eps: float = setting(0.2, "PPO clip range of the importance ratio", lo=0.0, hi=1.0)
+    ratio_cap: float = setting(
+        3.0, "truncate the importance ratio at this value where the advantage is negative", lo=1.0
+    )
+    kl_coef: float = setting(0.0, "weight of the KL penalty to the initial model (0: none)", lo=0.0)
     assignment_timeout_s: float = setting(
         30.0, "seconds a node has to return assigned prompts before they go to another node", lo=1
     )
@@ -48,6 +65,22 @@ class LearnerConfig:
     request_timeout_s: float = setting(60.0, "deadline of one incoming request", lo=1)
     bootstrap_timeout_s: float = setting(10.0, "deadline to dial one bootstrap peer", lo=1)
     torch_threads: int = setting(1, "torch CPU threads for training", lo=1)
+    checkpoint_every: int = setting(10, "write a checkpoint every N steps", lo=1)
+    resume: bool = setting(False, "continue from the checkpoint in --data-dir")
+    fresh: bool = setting(
+        False, "start over although --data-dir holds a checkpoint (the ledger is kept)"
+    )
+    strikes_to_ban: int = setting(
+        3, "refusals only a dishonest node can earn before it is banned", lo=1
+    )
+    strike_window_s: float = setting(600.0, "strikes older than this are forgotten", lo=1)
+    ban_s: float = setting(600.0, "how long a ban lasts", lo=1)
+    max_peers_tracked: int = setting(10_000, "most peers whose statistics are kept in memory", lo=1)
+    status_host: str = setting("127.0.0.1", "address of the local HTTP status API")
+    status_port: int = setting(0, "port of the HTTP status API (0: any free port)", lo=0, hi=65535)
+    capacity_window_s: float = setting(
+        60.0, "utilization is measured over this many recent seconds", lo=1
+    )
 
     @property
     def identity_path(self) -> Path:
@@ -60,3 +93,17 @@ class LearnerConfig:
     @property
     def metrics_path(self) -> Path:
         return self.data_dir / "metrics.jsonl"
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.data_dir / "checkpoint.pt"
+
+    @property
+    def api_path(self) -> Path:
+        """Where a running learner writes its status API's address."""
+        return self.data_dir / "api.json"
+
+    @property
+    def window(self) -> int:
+        """Staleness bound S in force: 0 in sync mode."""
+        return 0 if self.mode == "sync" else self.staleness

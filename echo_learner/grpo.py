@@ -1,4 +1,4 @@
-"""GRPO's pieces as small pure functions: advantages, importance ratios, the loss."""
+"""GRPO's pieces as small pure functions: advantages, the clipped loss, the KL penalty."""
 
 from __future__ import annotations
 
@@ -23,17 +23,32 @@ def clipped_surrogate_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     clip_eps: float,
+    ratio_cap: float = float("inf"),
 ) -> torch.Tensor:
-    """PPO-style clipped objective over tokens, negated for minimisation.
+    """PPO-style clipped objective over tokens with truncated importance weights.
 
     ``logprobs`` are the learner's (with grad), ``behaviour_logprobs`` what the
-    node reported when it sampled (the behaviour policy), both ``[seqs, T]``;
-    ``advantages`` is ``[seqs]``; ``mask`` marks real completion tokens. The
-    loss is averaged over real tokens.
+    node reported when it sampled (the behaviour policy mu, possibly stale or
+    quantized), both ``[seqs, T]``; ``advantages`` is ``[seqs]``; ``mask``
+    marks real completion tokens. The token's weight is pi_theta / mu.
+
+    PPO's clip bounds the ratio only where that helps the objective; with a
+    negative advantage the unclipped branch grows without bound as the ratio
+    does, and stale or quantized behaviour log-probs make large ratios common.
+    ``ratio_cap`` truncates it there (dual-clip PPO), so one token the node
+    found unlikely cannot dominate a step. The loss is averaged over tokens.
     """
     ratio = torch.exp(logprobs - behaviour_logprobs)
     adv = advantages[:, None]
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
-    per_token = -torch.minimum(unclipped, clipped)
+    surrogate = torch.minimum(unclipped, clipped)
+    surrogate = torch.where(adv < 0, torch.maximum(surrogate, ratio_cap * adv), surrogate)
+    return -(surrogate * mask).sum() / mask.sum().clamp(min=1)
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean per-token KL(pi_theta || pi_ref), the k3 estimator (always >= 0, unbiased)."""
+    delta = ref_logprobs - logprobs
+    per_token = torch.exp(delta) - delta - 1
     return (per_token * mask).sum() / mask.sum().clamp(min=1)

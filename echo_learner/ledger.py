@@ -1,7 +1,14 @@
 """The contributor ledger: one SQLite row per verdict, written before the receipt is sent.
 
-WAL mode and a committed transaction per verdict: once a node holds a receipt,
-the row behind it survives a crash.
+WAL mode, ``synchronous=FULL`` and one committed transaction per verdict: once
+a node holds a receipt, the row behind it (and, for an accepted batch, the
+batch itself) survives a crash or power cut. Every version the learner
+publishes is also recorded, so a restarted learner never reuses a version
+number nodes may already hold.
+
+Credit rule: one credit per completion token of an accepted batch (every
+token was verified against the learner's own log-probs and scored by the
+learner); a refused batch earns nothing.
 """
 
 from __future__ import annotations
@@ -23,12 +30,21 @@ CREATE TABLE IF NOT EXISTS verdicts (
     reason      TEXT NOT NULL,
     credit      REAL NOT NULL,
     created_ms  INTEGER NOT NULL,
-    receipt     BLOB NOT NULL
+    receipt     BLOB NOT NULL,
+    batch       BLOB
 );
-CREATE INDEX IF NOT EXISTS verdicts_peer ON verdicts (peer);
+CREATE INDEX IF NOT EXISTS verdicts_peer ON verdicts (peer, id);
 CREATE UNIQUE INDEX IF NOT EXISTS verdicts_accepted_nonce
     ON verdicts (peer, nonce) WHERE verdict = 'accepted';
+CREATE TABLE IF NOT EXISTS versions (
+    version     INTEGER PRIMARY KEY,
+    step        INTEGER NOT NULL,
+    created_ms  INTEGER NOT NULL,
+    manifest    BLOB NOT NULL
+);
 """
+
+CREDIT_PER_TOKEN = 1.0
 
 
 @dataclass(frozen=True)
@@ -43,30 +59,68 @@ class Row:
     reason: str
     credit: float
     created_ms: int
-    receipt: bytes
+    receipt: bytes  # the signed Receipt as sent (empty when none could be made)
+    batch: bytes | None = None  # the encoded RolloutBatch, kept for accepted ones
+
+
+@dataclass(frozen=True)
+class Standing:
+    peer: str
+    accepted: int
+    refused: int
+    rollouts: int
+    tokens: int
+    credit: float
 
 
 class Ledger:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, readonly: bool = False):
+        if readonly:
+            if not path.exists():
+                raise FileNotFoundError(f"no ledger at {path}")
+            self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(SCHEMA)
 
-    def record(self, row: Row) -> None:
-        """Write one verdict durably (committed before this returns)."""
+    # --- writes ------------------------------------------------------------------
+
+    def record(self, row: Row) -> int:
+        """Write one verdict durably (committed before this returns); its id."""
         with self.db:
-            self.db.execute(
+            cur = self.db.execute(
                 "INSERT INTO verdicts (batch_hash, peer, version, nonce, rollouts, tokens,"
-                " verdict, reason, credit, created_ms, receipt)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " verdict, reason, credit, created_ms, receipt, batch)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     row.batch_hash, row.peer, row.version, row.nonce, row.rollouts,
                     row.tokens, row.verdict, row.reason, row.credit, row.created_ms,
-                    row.receipt,
+                    row.receipt, row.batch,
                 ),
             )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def record_version(self, version: int, step: int, created_ms: int, manifest: bytes) -> None:
+        with self.db:
+            self.db.execute(
+                "INSERT OR REPLACE INTO versions (version, step, created_ms, manifest) VALUES (?, ?, ?, ?)",
+                (version, step, created_ms, manifest),
+            )
+
+    # --- reads -------------------------------------------------------------------
+
+    def last_version(self) -> int:
+        """The newest version ever published from this data dir (-1: none)."""
+        (v,) = self.db.execute("SELECT COALESCE(MAX(version), -1) FROM versions").fetchone()
+        return v
+
+    def last_id(self) -> int:
+        (i,) = self.db.execute("SELECT COALESCE(MAX(id), 0) FROM verdicts").fetchone()
+        return i
 
     def nonce_accepted(self, peer: str, nonce: bytes) -> bool:
         cur = self.db.execute(
@@ -75,18 +129,42 @@ class Ledger:
         )
         return cur.fetchone() is not None
 
-    def accepted_hashes(self) -> set[bytes]:
-        rows = self.db.execute("SELECT batch_hash FROM verdicts WHERE verdict = 'accepted'")
-        return {r[0] for r in rows}
-
-    def leaderboard(self) -> list[tuple[str, int, float]]:
-        """(peer, accepted rollouts, credit), most credit first."""
+    def receipts(self, peer: str, after_id: int, limit: int) -> list[tuple[int, bytes]]:
+        """(id, signed receipt) of ``peer``'s verdicts after ``after_id``, oldest first."""
         return list(
             self.db.execute(
-                "SELECT peer, SUM(rollouts), SUM(credit) FROM verdicts"
-                " WHERE verdict = 'accepted' GROUP BY peer ORDER BY SUM(credit) DESC"
+                "SELECT id, receipt FROM verdicts WHERE peer = ? AND id > ? AND receipt != x''"
+                " ORDER BY id LIMIT ?",
+                (peer, after_id, limit),
             )
         )
+
+    def leaderboard(self, limit: int = 100) -> list[Standing]:
+        """Every contributor's totals, most credit first."""
+        rows = self.db.execute(
+            "SELECT peer,"
+            " SUM(verdict = 'accepted'), SUM(verdict = 'refused'),"
+            " SUM(rollouts * (verdict = 'accepted')), SUM(tokens), SUM(credit)"
+            " FROM verdicts GROUP BY peer ORDER BY SUM(credit) DESC, peer LIMIT ?",
+            (limit,),
+        )
+        return [Standing(*r) for r in rows]
+
+    def refusals(self, limit: int = 50) -> list[dict]:
+        """The newest refused verdicts."""
+        rows = self.db.execute(
+            "SELECT id, peer, version, reason, created_ms FROM verdicts"
+            " WHERE verdict = 'refused' ORDER BY id DESC LIMIT ?",
+            (limit,),
+        )
+        keys = ("id", "peer", "version", "reason", "created_ms")
+        return [dict(zip(keys, r)) for r in rows]
+
+    def refusal_counts(self) -> dict[str, int]:
+        rows = self.db.execute(
+            "SELECT reason, COUNT(*) FROM verdicts WHERE verdict = 'refused' GROUP BY reason"
+        )
+        return dict(rows.fetchall())
 
     def close(self) -> None:
         self.db.close()

@@ -1,62 +1,65 @@
 """The learner process: serves work, receives rollouts, trains, publishes weights.
 
-One nursery (the host's) owns everything. ``run`` reads top to bottom:
-join the swarm, publish version 0, announce the job, then train step by step.
-Each step opens a ``Round`` of prompts; nodes take prompts through the work
-protocol and return signed rollouts through the rollout protocol; when every
-prompt has its group the step trains (in a worker thread) and publishes the
-next version.
+One nursery (the host's) owns everything. ``run`` reads top to bottom: open
+the ledger, start fresh or resume from the checkpoint, join the swarm, start
+the status API, publish the first version, announce the job, then train step
+by step. Nodes take prompts from the pool through the work protocol and return
+signed rollouts through the rollout protocol (``echo_learner.ingest``); a
+step takes a batch of verified groups from the pool, trains (in a worker
+thread) and, every ``publish_every`` steps, publishes the next version.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import random
-import shutil
 import time
+from collections import deque
 from typing import Any
 
 import torch
 import trio
-from libp2p.abc import INetStream
 from tqdm import tqdm
 
+from echo_learner import checkpoint
+from echo_learner.capacity import CapacityMeter, Forecast, forecast
 from echo_learner.config import LearnerConfig
-from echo_learner.ledger import Ledger, Row
+from echo_learner.ingest import Ingest, now_ms
+from echo_learner.ledger import Ledger
 from echo_learner.model import ModelShape, build_model, build_tokenizer, config_json, tokenizer_digest
-from echo_learner.rounds import Round, Slot
-from echo_learner.tasks import TASKS
-from echo_learner.trainer import ScoredGroup, StepStats, Trainer
-from echo_learner.verify import ACCEPTED, Limits, check_batch
-from protocol import codec, framing, manifest
+from echo_learner.peers import PeerBook
+from echo_learner.pool import PromptPool
+from echo_learner.tasks import TASKS, TaskPrompt
+from echo_learner.trainer import Objective, StepStats, Trainer
+from echo_learner.verify import Limits, Policies
+from protocol import codec, manifest
+from protocol.broadcast import bitfield
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
 from protocol.broadcast.store import VersionStore
 from protocol.host import full_addrs
 from protocol.identity import Identity
-from protocol.ids import JOB_DIRECTORY_KEY, ROLLOUT_PROTOCOL, WORK_PROTOCOL, manifest_key
-from protocol.logs import event
-from protocol.messages import (
-    UNSIGNED,
-    ErrorReply,
-    NoWork,
-    Prompt,
-    Receipt,
-    RolloutBatch,
-    RolloutGroup,
-    WorkAssignment,
-    WorkRequest,
+from protocol.ids import (
+    JOB_DIRECTORY_KEY,
+    RECEIPTS_PROTOCOL,
+    ROLLOUT_PROTOCOL,
+    WORK_PROTOCOL,
+    manifest_key,
 )
-from protocol.rpc import remote_peer, serve
+from protocol.logs import event
+from protocol.messages import Have
+from protocol.rpc import serve
 from protocol.swarm import Swarm, connect_bootstrap, open_swarm
 
 log = logging.getLogger(__name__)
 
 DHT_TIMEOUT_S = 10.0
+HISTORY_STEPS = 5000  # step records kept in memory for the status API
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
+class StartError(RuntimeError):
+    """The data dir and the flags disagree (e.g. a checkpoint but no --resume)."""
 
 
 class Learner:
@@ -72,35 +75,69 @@ class Learner:
         self.tokenizer = build_tokenizer()
         self.model = build_model(ModelShape(seed=config.seed))
         self.trainer = Trainer(
-            self.model, lr=config.lr, clip_eps=config.clip_eps, pad_id=self.tokenizer.pad_token_id
+            self.model,
+            lr=config.lr,
+            objective=Objective(config.clip_eps, config.ratio_cap, config.kl_coef),
+            pad_id=self.tokenizer.pad_token_id,
         )
         self.ledger = Ledger(config.ledger_path)
-        self.limits = Limits(
-            job_id=self.job_id,
-            vocab_size=len(self.tokenizer),
-            group_size=config.group_size,
-            max_new_tokens=config.max_new_tokens,
+        rollouts_per_step = config.prompts_per_step
+        capacity = rollouts_per_step if config.mode == "sync" else rollouts_per_step * config.buffer_steps
+        self.pool = PromptPool(
+            self._new_prompt,
+            capacity=capacity,
+            assignment_timeout_s=config.assignment_timeout_s,
+            memory=capacity * 4 + 256,
         )
+        self.policies = Policies(keep=config.window + 1)
+        self.peers = PeerBook(
+            strikes_to_ban=config.strikes_to_ban,
+            strike_window_s=config.strike_window_s,
+            ban_s=config.ban_s,
+            max_peers=config.max_peers_tracked,
+        )
+        self.meter = CapacityMeter(config.capacity_window_s)
         self.version = -1
-        self.round: Round | None = None
-        self.next_prompt_id = 0
-        self._changed = trio.Event()
+        self.step = 0
+        self.started = time.time()
+        self.history: deque[dict] = deque(maxlen=HISTORY_STEPS)
+        self.ingest = Ingest(
+            config, identity,
+            job_id=self.job_id,
+            task=self.task,
+            decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+            eos_id=self.tokenizer.eos_token_id,
+            pad_id=self.tokenizer.pad_token_id,
+            limits=Limits(
+                job_id=self.job_id,
+                vocab_size=len(self.tokenizer),
+                group_size=config.group_size,
+                max_new_tokens=config.max_new_tokens,
+            ),
+            pool=self.pool,
+            policies=self.policies,
+            ledger=self.ledger,
+            peers=self.peers,
+            meter=self.meter,
+            current_version=lambda: self.version,
+        )
         self.swarm: Swarm | None = None
         self.engine: BroadcastEngine | None = None
-        self.rollouts_accepted = 0
-        self.batches_refused = 0
-        self.contributors: set[str] = set()
+        self.addrs: list[str] = []
 
     # --- lifecycle -------------------------------------------------------------
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve and train for ``config.steps`` steps, then return.
+        """Serve and train until ``config.steps`` steps are done, then return.
 
         Cancelling it stops serving at once; the ledger holds every verdict
-        already answered.
+        already answered and the checkpoint the last N steps' training.
         """
+        from echo_learner.api import serve_api  # the HTTP server, only when running
+
         cfg = self.config
         try:
+            resumed_version = self._start()
             async with (
                 open_swarm(self.identity, cfg.listen, server=True) as swarm,
                 trio.open_nursery() as nursery,
@@ -108,29 +145,59 @@ class Learner:
                 self.swarm = swarm
                 await connect_bootstrap(swarm, cfg.bootstrap, cfg.bootstrap_timeout_s)
                 host = swarm.host
-                host.set_stream_handler(
-                    WORK_PROTOCOL, serve(WORK_PROTOCOL, self.handle_work, cfg.request_timeout_s)
-                )
-                host.set_stream_handler(
-                    ROLLOUT_PROTOCOL,
-                    serve(ROLLOUT_PROTOCOL, self.handle_rollouts, cfg.request_timeout_s),
-                )
+                for protocol, handler in (
+                    (WORK_PROTOCOL, self.ingest.handle_work),
+                    (ROLLOUT_PROTOCOL, self.ingest.handle_rollouts),
+                    (RECEIPTS_PROTOCOL, self.ingest.handle_receipts),
+                ):
+                    host.set_stream_handler(protocol, serve(protocol, handler, cfg.request_timeout_s))
                 # The learner seeds each version into the swarm's broadcast.
-                weights_dir = cfg.data_dir / "weights" / self.job_id
-                shutil.rmtree(weights_dir, ignore_errors=True)  # a fresh run restarts at v0
-                store = VersionStore(weights_dir, learner_id=self.me, keep=cfg.keep_versions)
+                store = VersionStore(
+                    cfg.data_dir / "weights" / self.job_id, learner_id=self.me, keep=cfg.keep_versions
+                )
                 self.engine = BroadcastEngine(
                     swarm, store, job_id=self.job_id, learner_id=self.me, is_seed=True,
                     config=BroadcastConfig(max_upload_mbit=cfg.max_upload_mbit),
                 )
+                self.engine.have_listener = self._on_have
                 await nursery.start(self.engine.run)
-                await self.publish()
+                api_url = await nursery.start(serve_api, self, cfg.status_host, cfg.status_port)
+                cfg.api_path.write_text(json.dumps({"url": api_url, "pid": os.getpid()}))
+                await self.publish(first_version=resumed_version)
                 await self.announce()
-                task_status.started(full_addrs(host))
+                self.addrs = full_addrs(host)
+                task_status.started((self.addrs, api_url))
                 await self.train()
                 nursery.cancel_scope.cancel()
         finally:
+            self.config.api_path.unlink(missing_ok=True)
             self.ledger.close()
+
+    def _start(self) -> int:
+        """Restore the checkpoint if resuming; the number of the first version to publish.
+
+        Version numbers only ever grow within a data dir, across restarts:
+        nodes may hold any version published before, so a number is never
+        given to other weights.
+        """
+        cfg = self.config
+        first_version = self.ledger.last_version() + 1
+        has_checkpoint = cfg.checkpoint_path.exists()
+        if cfg.resume:
+            state = checkpoint.load(cfg.checkpoint_path)
+            self.model.load_state_dict(state["model"])
+            self.trainer.optimizer.load_state_dict(state["optimizer"])
+            checkpoint.restore_rng(self.rng, state["rng"])
+            self.step = state["step"]
+            self.pool.restore(state["pool"], version_offset=first_version - state["version"])
+            event(log, logging.WARNING, "resumed from checkpoint", step=self.step,
+                  checkpoint_version=state["version"], next_version=first_version)
+        elif has_checkpoint and not cfg.fresh:
+            raise StartError(
+                f"{cfg.data_dir} holds a checkpoint; pass --resume to continue that run "
+                "or --fresh to start a new one (the ledger is kept either way)"
+            )
+        return first_version
 
     async def announce(self) -> None:
         """Tell the DHT that this learner runs a job, so nodes can find it."""
@@ -140,183 +207,177 @@ class Learner:
         if scope.cancelled_caught or not ok:
             event(log, logging.WARNING, "could not announce the job in the DHT yet")
 
-    def _notify(self) -> None:
-        """Wake every work request waiting for prompts."""
-        self._changed.set()
-        self._changed = trio.Event()
+    def _new_prompt(self) -> tuple[TaskPrompt, tuple[int, ...]]:
+        prompt = self.task.sample(self.rng)
+        ids = self.tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
+        return prompt, (self.tokenizer.bos_token_id, *ids)
 
     # --- training ----------------------------------------------------------------
 
-    def _new_round(self) -> Round:
-        slots = []
-        bos = self.tokenizer.bos_token_id
-        for _ in range(self.config.prompts_per_step):
-            prompt = self.task.sample(self.rng)
-            ids = self.tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
-            slots.append(Slot(self.next_prompt_id, prompt, (bos, *ids)))
-            self.next_prompt_id += 1
-        return Round(self.version, slots, self.config.assignment_timeout_s)
-
     async def train(self) -> None:
         cfg = self.config
-        started = time.monotonic()
-        bar = tqdm(total=cfg.steps, desc="training", unit="step", disable=None)
-        for step in range(cfg.steps):
-            self.round = self._new_round()
-            self._notify()
-            await self.round.done.wait()
-            groups = self.round.results()
-            self.round = None
+        sync = cfg.mode == "sync"
+        every = 1 if sync else cfg.publish_every
+        bar = tqdm(total=cfg.steps, initial=self.step, desc="training", unit="step", disable=None)
+        if not sync:
+            self.pool.set_open(True)  # async: nodes generate while the learner trains
+        while self.step < cfg.steps:
+            if sync:
+                self.pool.set_open(True, min_version=self.version)
+            batch = await self.pool.take_batch(cfg.prompts_per_step, self.version - cfg.window)
+            if sync:
+                self.pool.set_open(False)
+            staleness = sum(self.version - r.version for r in batch) / len(batch)
             t0 = time.monotonic()
-            stats: StepStats = await trio.to_thread.run_sync(self.trainer.step, groups)
-            train_s = time.monotonic() - t0
-            await self.publish()
-            self._write_metrics(step, stats, train_s, time.monotonic() - started)
+            stats: StepStats = await trio.to_thread.run_sync(
+                self.trainer.step, [r.group for r in batch]
+            )
+            self.meter.on_train(t0, time.monotonic())
+            self.step += 1
+            if self.step % every == 0:
+                await self.publish()
+            self._write_metrics(stats, staleness)
+            if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                await self.save_checkpoint()
             bar.set_postfix(reward=f"{stats.reward_mean:.3f}", version=self.version)
             bar.update(1)
         bar.close()
 
-    def _write_metrics(self, step: int, stats: StepStats, train_s: float, elapsed_s: float) -> None:
+    def capacity(self) -> Forecast:
+        cfg = self.config
+        active = self.peers.active(within_s=cfg.capacity_window_s)
+        cycles = [p.cycle_s for p in active if p.cycle_s > 0]
+        return forecast(
+            staleness=cfg.window,
+            publish_every=1 if cfg.mode == "sync" else cfg.publish_every,
+            rollouts_per_step=cfg.prompts_per_step * cfg.group_size,
+            train_s=self.meter.train_s,
+            publish_s=self.meter.publish_s,
+            broadcast_s=self.meter.broadcast_s,
+            cycle_s=sum(cycles) / len(cycles) if cycles else 0.0,
+            supply_rps=sum(p.rate for p in active),
+        )
+
+    def _write_metrics(self, stats: StepStats, staleness: float) -> None:
+        c = self.ingest.counters
         record = {
-            "step": step,
+            "step": self.step - 1,
             "version": self.version,
+            "mode": self.config.mode,
             "reward_mean": stats.reward_mean,
             "loss": stats.loss,
+            "kl": stats.kl,
             "tokens": stats.tokens,
-            "train_s": round(train_s, 4),
-            "elapsed_s": round(elapsed_s, 3),
-            "rollouts_accepted": self.rollouts_accepted,
-            "batches_refused": self.batches_refused,
-            "contributors": len(self.contributors),
+            "staleness": round(staleness, 3),
+            "time": round(time.time(), 3),
+            "elapsed_s": round(time.time() - self.started, 3),
+            "rollouts_accepted": c.rollouts_accepted,
+            "batches_refused": c.batches_refused,
+            "contributors": len(self.ingest.contributors),
+            "utilization": round(self.meter.utilization(), 4),
+            **self.meter.measurements(),
+            "supply_rollouts_per_s": round(self.capacity().supply_rollouts_per_s, 3),
         }
+        self.history.append(record)
         with open(self.config.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
         event(log, logging.INFO, "step", **record)
 
+    async def save_checkpoint(self) -> None:
+        state = {
+            "step": self.step,
+            "version": self.version,
+            "mode": self.config.mode,
+            "rng": checkpoint.rng_state(self.rng),
+            "pool": self.pool.state(),
+        }
+
+        def write() -> None:
+            state["model"] = self.model.state_dict()
+            state["optimizer"] = self.trainer.optimizer.state_dict()
+            checkpoint.save(self.config.checkpoint_path, state)
+
+        await trio.to_thread.run_sync(write)
+
     # --- publishing --------------------------------------------------------------
 
-    async def publish(self) -> None:
-        """Chunk and sign the current weights as the next version; put the manifest in the DHT."""
+    async def publish(self, first_version: int | None = None) -> None:
+        """Chunk and sign the current weights as the next version, record it
+        durably, seed it into the broadcast and put its manifest in the DHT."""
         assert self.swarm is not None and self.engine is not None
-        weights = await trio.to_thread.run_sync(self.trainer.weights)
-        self.version += 1
-        signed, chunks = manifest.build(
-            self.identity,
-            job_id=self.job_id,
-            version=self.version,
-            parent_version=self.version - 1,
-            task=self.task.name,
-            model_config=config_json(self.model),
-            tokenizer_digest=tokenizer_digest(self.tokenizer),
-            weights=weights,
-            chunk_size=self.config.chunk_size,
-        )
-        await self.engine.publish(signed, chunks)
-        with trio.move_on_after(DHT_TIMEOUT_S) as scope:
-            await self.swarm.dht.put_value(manifest_key(self.me), codec.encode(signed))
-        if scope.cancelled_caught:
-            event(log, logging.WARNING, "DHT put of the manifest timed out", version=self.version)
+        t0 = time.monotonic()
+        version = self.version + 1 if first_version is None else first_version
 
-    # --- protocol handlers -------------------------------------------------------
-
-    async def handle_work(self, stream: INetStream) -> None:
-        peer = remote_peer(stream)
-        req = await framing.receive(stream, WorkRequest)
-        if req.job_id != self.job_id:
-            await framing.send(stream, ErrorReply("unknown_job", f"this learner runs {self.job_id}"))
-            return
-        with trio.move_on_after(self.config.long_poll_s):
-            while True:
-                if self.round is not None:
-                    slots = self.round.take(peer, min(req.max_prompts, self.config.prompts_per_request))
-                    if slots:
-                        await framing.send(stream, self._assignment(self.round, slots))
-                        return
-                await self._changed.wait()
-        await framing.send(
-            stream,
-            NoWork(self.job_id, max(self.version, 0), retry_after_ms=0, reason="all prompts taken"),
-        )
-
-    def _assignment(self, round_: Round, slots: list[Slot]) -> WorkAssignment:
-        return WorkAssignment(
-            job_id=self.job_id,
-            version=round_.version,
-            prompts=tuple(Prompt(s.prompt_id, s.tokens) for s in slots),
-            group_size=self.config.group_size,
-            max_new_tokens=self.config.max_new_tokens,
-            temperature=1.0,
-            stop_token_ids=(self.tokenizer.eos_token_id,),
-            deadline_ms=now_ms() + int(self.config.assignment_timeout_s * 1000),
-        )
-
-    async def handle_rollouts(self, stream: INetStream) -> None:
-        sender = remote_peer(stream)
-        batch = await framing.receive(stream, RolloutBatch)
-        reason = check_batch(batch, sender, self.round, self.ledger, self.limits)
-        scored: list[tuple[Slot, ScoredGroup]] = []
-        if reason is None and self.round is not None:
-            scored = [self._score(self.round, sender, g) for g in batch.groups]
-        tokens = sum(len(c.tokens) for g in batch.groups for c in g.completions)
-        rollouts = sum(len(g.completions) for g in batch.groups)
-        accepted = reason is None
-        receipt = self.identity.sign(
-            Receipt(
+        def build() -> tuple[Any, list[bytes], torch.nn.Module]:
+            signed, chunks = manifest.build(
+                self.identity,
                 job_id=self.job_id,
-                batch_hash=codec.digest(batch),
-                peer_id=batch.peer_id,
-                version=batch.version,
-                verdict="accepted" if accepted else "refused",
-                reason=ACCEPTED if accepted else reason,
-                tokens=tokens if accepted else 0,
-                # Credit rule: one unit per verified completion token; nothing
-                # for a refused batch.
-                credit=float(tokens) if accepted else 0.0,
-                created_ms=now_ms(),
-                learner_id=self.me,
-                signature=UNSIGNED,
+                version=version,
+                parent_version=version - 1,
+                task=self.task.name,
+                model_config=config_json(self.model),
+                tokenizer_digest=tokenizer_digest(self.tokenizer),
+                weights=self.trainer.weights(),
+                chunk_size=self.config.chunk_size,
             )
-        )
-        # Write before ack: the row is committed before the node sees its receipt.
-        self.ledger.record(
-            Row(
-                batch_hash=receipt.batch_hash,
-                peer=sender,
-                version=batch.version,
-                nonce=batch.nonce,
-                rollouts=rollouts,
-                tokens=receipt.tokens,
-                verdict=receipt.verdict,
-                reason=receipt.reason,
-                credit=receipt.credit,
-                created_ms=receipt.created_ms,
-                receipt=codec.encode(receipt),
-            )
-        )
-        if accepted and self.round is not None:
-            for slot, group in scored:
-                self.round.fill(slot, group)
-            self.rollouts_accepted += rollouts
-            self.contributors.add(sender)
-        else:
-            self.batches_refused += 1
-            event(log, logging.INFO, "refused batch", peer=sender, reason=reason)
-        await framing.send(stream, receipt)
+            return signed, chunks, self.trainer.snapshot()
 
-    def _score(self, round_: Round, sender: str, group: RolloutGroup) -> tuple[Slot, ScoredGroup]:
-        slot = round_.assigned_to(sender, group.prompt_id)
-        assert slot is not None  # check_batch verified the assignment
-        eos = self.tokenizer.eos_token_id
-        rewards = []
-        for c in group.completions:
-            ids = list(c.tokens)
-            if eos in ids:
-                ids = ids[: ids.index(eos)]
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            rewards.append(self.task.reward(slot.prompt, text))
-        return slot, ScoredGroup(
-            prompt_tokens=slot.tokens,
-            completions=tuple(c.tokens for c in group.completions),
-            behaviour_logprobs=tuple(c.logprobs for c in group.completions),
-            rewards=tuple(rewards),
-        )
+        signed, chunks, snapshot = await trio.to_thread.run_sync(build)
+        encoded = codec.encode(signed)
+        self.ledger.record_version(version, self.step, now_ms(), encoded)
+        self.policies.add(version, snapshot)
+        await self.engine.publish(signed, chunks)
+        self.version = version
+        self.pool.set_open(self.pool.open, min_version=version - self.config.window)
+        self.meter.on_publish(version, t0, time.monotonic())
+        with trio.move_on_after(DHT_TIMEOUT_S) as scope:
+            await self.swarm.dht.put_value(manifest_key(self.me), encoded)
+        if scope.cancelled_caught:
+            event(log, logging.WARNING, "DHT put of the manifest timed out", version=version)
+
+    def _on_have(self, peer: str, have: Have) -> None:
+        m = self.engine.store.manifests.get(have.version) if self.engine else None
+        if m is None or have.job_id != self.job_id:
+            return
+        try:
+            held = bitfield.decode(have.bitfield, len(m.chunk_hashes))
+        except Exception:  # a bad bitfield is the engine's to report
+            return
+        if len(held) == len(m.chunk_hashes):
+            self.meter.on_node_holds(peer, have.version)
+
+    # --- what the status API shows ---------------------------------------------------
+
+    def status(self) -> dict:
+        cfg = self.config
+        c = self.ingest.counters
+        recent = list(self.history)[-20:]
+        steps_per_s = 0.0
+        if len(recent) >= 2 and recent[-1]["time"] > recent[0]["time"]:
+            steps_per_s = (len(recent) - 1) / (recent[-1]["time"] - recent[0]["time"])
+        return {
+            "job_id": self.job_id,
+            "learner": self.me,
+            "task": self.task.name,
+            "model": json.loads(config_json(self.model)).get("model_type", "llama"),
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "mode": cfg.mode,
+            "staleness": cfg.window,
+            "publish_every": 1 if cfg.mode == "sync" else cfg.publish_every,
+            "version": self.version,
+            "step": self.step,
+            "steps": cfg.steps,
+            "uptime_s": round(time.time() - self.started, 1),
+            "steps_per_s": round(steps_per_s, 3),
+            "reward": recent[-1]["reward_mean"] if recent else None,
+            "rollouts_accepted": c.rollouts_accepted,
+            "batches_accepted": c.batches_accepted,
+            "batches_refused": c.batches_refused,
+            "refusals": self.ledger.refusal_counts(),
+            "contributors": len(self.ingest.contributors),
+            "peers": len(self.peers.active(within_s=cfg.capacity_window_s)),
+            "utilization": round(self.meter.utilization(), 4),
+            "measurements": self.meter.measurements(),
+            "capacity": self.capacity().to_json(),
+            "addrs": self.addrs,
+        }

@@ -6,12 +6,14 @@ serves nodes stays responsive while torch computes.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
 from safetensors.torch import save
 
-from echo_learner.grpo import clipped_surrogate_loss, group_advantages
+from echo_learner.grpo import clipped_surrogate_loss, group_advantages, kl_penalty
+from echo_learner.logprobs import completion_logprobs, spread
 
 
 @dataclass(frozen=True)
@@ -27,16 +29,26 @@ class ScoredGroup:
 @dataclass(frozen=True)
 class StepStats:
     loss: float
+    kl: float
     reward_mean: float
     tokens: int
 
 
+@dataclass(frozen=True)
+class Objective:
+    clip_eps: float
+    ratio_cap: float
+    kl_coef: float
+
+
 class Trainer:
-    def __init__(self, model: torch.nn.Module, *, lr: float, clip_eps: float, pad_id: int):
+    def __init__(self, model: torch.nn.Module, *, lr: float, objective: Objective, pad_id: int):
         self.model = model
-        self.clip_eps = clip_eps
+        self.objective = objective
         self.pad_id = pad_id
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        # The reference policy for the KL penalty is the starting model, frozen.
+        self.reference = copy.deepcopy(model).eval() if objective.kl_coef > 0 else None
 
     def weights(self) -> bytes:
         """The current weights as safetensors bytes (what gets chunked and published)."""
@@ -50,6 +62,10 @@ class Trainer:
         }
         return save(state)
 
+    def snapshot(self) -> torch.nn.Module:
+        """A frozen copy of the current policy (to verify rollouts made with it)."""
+        return copy.deepcopy(self.model).eval().requires_grad_(False)
+
     def step(self, groups: list[ScoredGroup]) -> StepStats:
         """One optimiser step on a batch of scored groups."""
         sizes = {len(g.rewards) for g in groups}
@@ -57,38 +73,28 @@ class Trainer:
             raise ValueError(f"groups of different sizes in one step: {sorted(sizes)}")
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
         advantages = group_advantages(rewards).flatten()
-
-        seqs, starts, behaviour = [], [], []
-        for g in groups:
-            for tokens, logprobs in zip(g.completions, g.behaviour_logprobs):
-                seqs.append(list(g.prompt_tokens) + list(tokens))
-                starts.append(len(g.prompt_tokens))
-                behaviour.append(list(logprobs))
-        width = max(len(s) for s in seqs)
-        n = len(seqs)
-        input_ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((n, width), dtype=torch.long)
-        # Position t predicts token t+1, so completion token j of a sequence
-        # whose prompt has length p is scored at position p - 1 + j.
-        mask = torch.zeros((n, width - 1))
-        old = torch.zeros((n, width - 1))
-        for i, (s, p, b) in enumerate(zip(seqs, starts, behaviour)):
-            input_ids[i, : len(s)] = torch.tensor(s)
-            attention[i, : len(s)] = 1
-            mask[i, p - 1 : p - 1 + len(b)] = 1
-            old[i, p - 1 : p - 1 + len(b)] = torch.tensor(b)
+        prompts = [g.prompt_tokens for g in groups for _ in g.completions]
+        completions = [c for g in groups for c in g.completions]
+        behaviour = [b for g in groups for b in g.behaviour_logprobs]
 
         self.model.train()
-        logits = self.model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        taken = logprobs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-        loss = clipped_surrogate_loss(taken, old, advantages, mask, self.clip_eps)
+        logprobs, mask = completion_logprobs(self.model, prompts, completions, self.pad_id)
+        old = spread(behaviour, prompts, logprobs.shape[1])
+        obj = self.objective
+        loss = clipped_surrogate_loss(logprobs, old, advantages, mask, obj.clip_eps, obj.ratio_cap)
+        kl = torch.zeros(())
+        if self.reference is not None:
+            with torch.no_grad():
+                ref, _ = completion_logprobs(self.reference, prompts, completions, self.pad_id)
+            kl = kl_penalty(logprobs, ref, mask)
+            loss = loss + obj.kl_coef * kl
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
         return StepStats(
             loss=float(loss.detach()),
+            kl=float(kl.detach()),
             reward_mean=float(rewards.mean()),
             tokens=int(mask.sum()),
         )

@@ -1,30 +1,60 @@
-"""Rollout verification: every batch is checked before it can be trained on or credited.
+"""Rollout verification: every batch is checked before it is trained on or credited.
 
-``check_batch`` runs the checks in a fixed order and returns the first failure
-as a named reason (sent back in the receipt), or ``None`` if the batch passes.
-Schema and size were already enforced by the codec.
+The checks run in a fixed order, cheapest and most telling first, and the
+first failure is the receipt's reason:
+
+    size and schema (the codec, before this module)
+    -> signature -> job id -> prompts assigned to this node -> policy version
+    inside the staleness window -> nonce not seen before -> token ids and
+    lengths -> assignment still this node's and unanswered
+    -> log-probs recomputed by the learner (``check_logprobs``, in a thread)
+
+Rewards are computed afterwards by the learner itself (``echo_learner.tasks``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from echo_learner.ledger import Ledger
-from echo_learner.rounds import Round
+import torch
+
+from echo_learner.logprobs import completion_logprobs, spread
+from echo_learner.pool import PromptPool
 from protocol.errors import SignatureError
 from protocol.identity import verify
 from protocol.messages import RolloutBatch
 
-# Receipt reasons. Stable strings: nodes and the status page show them.
+# Receipt reasons. Stable strings: nodes, the ledger and the status page show them.
 ACCEPTED = "ok"
-BAD_SIGNATURE = "bad_signature"
+MALFORMED = "malformed"
+BANNED = "banned"
 WRONG_SIGNER = "wrong_signer"
+BAD_SIGNATURE = "bad_signature"
 WRONG_JOB = "wrong_job"
 NOT_ASSIGNED = "not_assigned"
-STALE_VERSION = "stale_version"
+OUT_OF_WINDOW = "version_out_of_window"
 REPLAYED = "replayed_nonce"
 BAD_GROUP = "bad_group_size"
 BAD_TOKENS = "bad_tokens"
+REASSIGNED = "assignment_expired"
+ANSWERED = "already_answered"
+BAD_LOGPROBS = "bad_logprobs"
+
+# Reasons an honest node can never earn: each counts towards a ban. (An honest
+# but slow node can see its prompts reassigned or its version fall out of the
+# window; those cost it the batch, not its standing.)
+STRIKES = frozenset(
+    {MALFORMED, WRONG_SIGNER, BAD_SIGNATURE, NOT_ASSIGNED, REPLAYED, BAD_GROUP, BAD_TOKENS, BAD_LOGPROBS}
+)
+
+# Largest |node log-prob - learner recompute| accepted per token, by the dtype
+# the node declares. f32: two f32 implementations of the same weights agree to
+# ~1e-5 (torch vs torch, measured 2.9e-6 over 40k tokens; llama.cpp f32 is
+# required to be within 1e-3); lower precisions round weights and activations.
+# A forger who shifts a log-prob by more than this is caught; one who shifts it
+# by less moves the importance weight by at most exp(tolerance).
+TOLERANCE = {"f32": 5e-3, "f16": 5e-2, "bf16": 1e-1, "q8_0": 0.25, "q4_1": 1.0}
 
 
 @dataclass(frozen=True)
@@ -35,8 +65,24 @@ class Limits:
     max_new_tokens: int
 
 
+@dataclass(frozen=True)
+class Window:
+    """Policy versions a batch may have been generated with."""
+
+    lo: int
+    hi: int
+
+    def __contains__(self, version: int) -> bool:
+        return self.lo <= version <= self.hi
+
+
 def check_batch(
-    batch: RolloutBatch, sender: str, round_: Round | None, ledger: Ledger, limits: Limits
+    batch: RolloutBatch,
+    sender: str,
+    pool: PromptPool,
+    window: Window,
+    nonce_seen: Callable[[bytes], bool],
+    limits: Limits,
 ) -> str | None:
     """The first reason to refuse ``batch`` sent by ``sender``, or ``None``."""
     # The claimed signer must be the peer on the other end of the (Noise-
@@ -49,15 +95,15 @@ def check_batch(
         return BAD_SIGNATURE
     if batch.job_id != limits.job_id:
         return WRONG_JOB
-    if round_ is None or batch.version != round_.version:
-        # Sync mode: only rollouts of the version being trained are useful.
-        return STALE_VERSION
     prompt_ids = [g.prompt_id for g in batch.groups]
-    if len(set(prompt_ids)) != len(prompt_ids):
+    assignments = [pool.lookup(pid) for pid in prompt_ids]
+    if len(set(prompt_ids)) != len(prompt_ids) or any(
+        a is None or sender not in a.holders for a in assignments
+    ):
         return NOT_ASSIGNED
-    if any(round_.assigned_to(sender, pid) is None for pid in prompt_ids):
-        return NOT_ASSIGNED
-    if ledger.nonce_accepted(sender, batch.nonce):
+    if batch.version not in window:
+        return OUT_OF_WINDOW
+    if nonce_seen(batch.nonce):
         return REPLAYED
     for group in batch.groups:
         if len(group.completions) != limits.group_size:
@@ -67,4 +113,51 @@ def check_batch(
                 return BAD_TOKENS
             if any(t >= limits.vocab_size for t in c.tokens):
                 return BAD_TOKENS
+    for a in assignments:
+        assert a is not None
+        if a.answered:
+            return ANSWERED
+        if a.peer != sender:
+            return REASSIGNED
     return None
+
+
+@torch.no_grad()
+def logprob_error(
+    model: torch.nn.Module, prompts: list[tuple[int, ...]], batch: RolloutBatch, pad_id: int
+) -> float:
+    """Largest |reported - recomputed| log-prob over every sampled token of ``batch``.
+
+    ``model`` is the policy version the batch claims and ``prompts[i]`` the
+    tokens of the prompt its group ``i`` answers (looked up by the caller:
+    this runs in a worker thread and must not touch the pool).
+    """
+    rows, completions, reported = [], [], []
+    for prompt, group in zip(prompts, batch.groups):
+        for c in group.completions:
+            rows.append(prompt)
+            completions.append(c.tokens)
+            reported.append(c.logprobs)
+    mine, mask = completion_logprobs(model, rows, completions, pad_id)
+    theirs = spread(reported, rows, mine.shape[1])
+    return float(((mine - theirs).abs() * mask).max())
+
+
+def check_logprobs(error: float, dtype: str) -> str | None:
+    return BAD_LOGPROBS if error > TOLERANCE[dtype] else None
+
+
+class Policies:
+    """Frozen copies of the policy versions rollouts may still be made with."""
+
+    def __init__(self, keep: int):
+        self.keep = keep
+        self.models: dict[int, torch.nn.Module] = {}
+
+    def add(self, version: int, model: torch.nn.Module) -> None:
+        self.models[version] = model
+        for old in sorted(self.models)[: -self.keep]:
+            del self.models[old]
+
+    def get(self, version: int) -> torch.nn.Module | None:
+        return self.models.get(version)

@@ -28,6 +28,16 @@ def build_parser() -> Parser:
     )
     add_arguments(join, NodeConfig)
     join.add_argument("-v", "--verbose", action="store_true", help="log each step of the work loop")
+    credits = commands.add_parser(
+        "credits",
+        help="fetch this node's receipts from the learner and check each signature",
+        description="Join the swarm, find the learner and fetch every receipt it holds "
+        "for this node's identity (--data-dir), checking the learner's signature on each; "
+        "print the credit earned. Takes the same settings as join.",
+    )
+    add_arguments(credits, NodeConfig)
+    credits.add_argument("--json", action="store_true", help="print JSON")
+    credits.add_argument("-v", "--verbose", action="store_true", help="log details")
     return parser
 
 
@@ -40,7 +50,10 @@ def main(argv: list[str] | None = None) -> None:
     config = resolve_or_exit(PROG, NodeConfig, args, ENV_PREFIX)
     if not config.bootstrap:
         fail(PROG, "--bootstrap is required: the multiaddr echo-bootstrap printed")
-    join(config, verbose=args.verbose)
+    if args.command == "credits":
+        credits(config, as_json=args.json, verbose=args.verbose)
+    else:
+        join(config, verbose=args.verbose)
 
 
 def join(config: NodeConfig, *, verbose: bool) -> None:
@@ -73,4 +86,59 @@ def join(config: NodeConfig, *, verbose: bool) -> None:
         f"{node.receipts_accepted} batches accepted",
         flush=True,
     )
+    sys.exit(0)
+
+
+def credits(config: NodeConfig, *, as_json: bool, verbose: bool) -> None:
+    from protocol import logs
+
+    logs.setup(verbose)
+
+    import json
+    from collections import Counter
+
+    from echo_node.node import NoLearnerFound, Node
+    from protocol.host import BadMultiaddr
+    from protocol.identity import load_or_exit
+    from protocol.rpc import RequestFailed
+    from protocol.runtime import run_until_signal
+    from protocol.swarm import BootstrapUnreachable
+
+    if not config.identity_path.exists():
+        fail(PROG, f"no node identity at {config.identity_path}: this data dir never joined a job")
+    identity = load_or_exit(PROG, config.identity_path)
+    node = Node(config, identity)
+    receipts = []
+
+    async def main() -> None:
+        async with node.joined():
+            receipts.extend(await node.fetch_receipts())
+
+    try:
+        run_until_signal(main)
+    except (BadMultiaddr, BootstrapUnreachable, NoLearnerFound, RequestFailed) as exc:
+        fail(PROG, str(exc))
+    accepted = [r for r in receipts if r.verdict == "accepted"]
+    summary = {
+        "peer": identity.peer_id_str,
+        "job_id": node.job_id,
+        "learner": node.learner.to_base58() if node.learner else "",
+        "receipts": len(receipts),
+        "signatures_checked": len(receipts),
+        "accepted": len(accepted),
+        "refused": dict(Counter(r.reason for r in receipts if r.verdict == "refused")),
+        "tokens": sum(r.tokens for r in accepted),
+        "credit": sum(r.credit for r in accepted),
+    }
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        refused = ", ".join(f"{k} {v}" for k, v in sorted(summary["refused"].items())) or "none"
+        print(
+            f"node {summary['peer']} on job {summary['job_id']}\n"
+            f"{summary['receipts']} receipts, every learner signature valid\n"
+            f"accepted {summary['accepted']} batches, {summary['tokens']} tokens, "
+            f"credit {summary['credit']:.0f}\nrefused: {refused}",
+            flush=True,
+        )
     sys.exit(0)

@@ -8,7 +8,7 @@ from pathlib import Path
 from protocol.config import setting
 
 
-def _default_data_dir() -> Path:
+def default_data_dir() -> Path:
     return Path.home() / ".echo-swarm" / "node"
 
 
@@ -16,7 +16,7 @@ def _default_data_dir() -> Path:
 class NodeConfig:
     bootstrap: list[str] = setting([], "bootstrap peer multiaddr (with /p2p/<id>)")
     listen: list[str] = setting(["/ip4/0.0.0.0/tcp/0"], "multiaddr to listen on")
-    data_dir: Path = setting(_default_data_dir(), "identity, weight chunks and receipts live here")
+    data_dir: Path = setting(default_data_dir(), "identity, weight chunks and receipts live here")
     learner: str = setting("", "peer id of the learner to work for (default: the first found)")
     backend: str = setting("torch", "inference backend", choices=("torch",))
     max_prompts: int = setting(4, "most prompts to take per work request", lo=1, hi=256)
@@ -34,6 +34,10 @@ class NodeConfig:
     retry_s: float = setting(1.0, "first pause before retrying a learner that did not answer", lo=0.05)
     max_retry_s: float = setting(30.0, "longest pause between retries (backoff doubles up to it)", lo=0.05)
     bootstrap_timeout_s: float = setting(10.0, "deadline to dial one bootstrap peer", lo=1)
+    emulate_delay_ms: float = setting(
+        0.0, "testing aid: wait this long before each work request and rollout submission "
+        "(emulates a wide-area link)", lo=0, hi=10_000,
+    )
 
     @property
     def identity_path(self) -> Path:

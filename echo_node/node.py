@@ -1,10 +1,11 @@
 """The volunteer node: find a job, keep the current weights, roll out, submit.
 
 ``run`` reads top to bottom: join the swarm, find a learner through the DHT,
-then loop: ask for work -> fetch the version it names if we lack it ->
-generate (in a worker thread) -> sign -> submit -> check the signed receipt.
-A learner that does not answer is retried after a pause; Ctrl-C cancels the
-loop and the host closes its connections.
+then loop: ask for work -> if the version we hold is older than the
+assignment allows, fetch the one it names (else keep working and fetch it in
+the background) -> generate (in a worker thread) -> sign -> submit -> check
+the signed receipt. A learner that does not answer is retried after a pause;
+Ctrl-C cancels the loop and the host closes its connections.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import json
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
@@ -28,14 +31,23 @@ from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
 from protocol.broadcast.store import VersionStore
 from protocol.errors import ProtocolError, SignatureError
 from protocol.identity import Identity, verify
-from protocol.ids import JOB_DIRECTORY_KEY, ROLLOUT_PROTOCOL, WORK_PROTOCOL, manifest_key
+from protocol.ids import (
+    JOB_DIRECTORY_KEY,
+    RECEIPTS_PROTOCOL,
+    ROLLOUT_PROTOCOL,
+    WORK_PROTOCOL,
+    manifest_key,
+)
 from protocol.logs import event
 from protocol.messages import (
+    MAX_RECEIPTS_PER_PAGE,
     UNSIGNED,
     Completion,
     ErrorReply,
     NoWork,
     Receipt,
+    ReceiptPage,
+    ReceiptQuery,
     RolloutBatch,
     RolloutGroup,
     WorkAssignment,
@@ -65,19 +77,27 @@ class Node:
         self.version = -1
         self.rollouts_sent = 0
         self.receipts_accepted = 0
+        self._wanted = -1  # newest version the learner has named
+        self._wanted_changed = trio.Event()
+        self._update_lock = trio.Lock()
+        self._backend_lock = trio.Lock()
+
+    @asynccontextmanager
+    async def joined(self) -> AsyncIterator[Swarm]:
+        """Join the swarm through the bootstrap peers and find a learner."""
+        cfg = self.config
+        # DHT server mode: py-libp2p 0.8.1 adds every peer that queries it to
+        # its routing table and then fails to query client-mode peers back.
+        async with open_swarm(self.identity, cfg.listen, server=True) as swarm:
+            self.swarm = swarm
+            await connect_bootstrap(swarm, cfg.bootstrap, cfg.bootstrap_timeout_s)
+            await self.find_learner()
+            yield swarm
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Work until cancelled. Reports the learner's peer id when joined."""
         cfg = self.config
-        # DHT server mode: py-libp2p 0.8.1 adds every peer that queries it to
-        # its routing table and then fails to query client-mode peers back.
-        async with (
-            open_swarm(self.identity, cfg.listen, server=True) as swarm,
-            trio.open_nursery() as nursery,
-        ):
-            self.swarm = swarm
-            await connect_bootstrap(swarm, cfg.bootstrap, cfg.bootstrap_timeout_s)
-            await self.find_learner()
+        async with self.joined() as swarm, trio.open_nursery() as nursery:
             assert self.learner is not None
             learner_id = self.learner.to_base58()
             store = VersionStore(
@@ -88,6 +108,7 @@ class Node:
                 config=BroadcastConfig(max_upload_mbit=cfg.max_upload_mbit, max_peers=cfg.max_peers),
             )
             await nursery.start(self.engine.run)
+            nursery.start_soon(self._follow_versions)
             task_status.started((self.learner, self.job_id))
             failures = 0
             while True:
@@ -141,9 +162,15 @@ class Node:
         self.job_id = record.job_id
         return True
 
+    async def _delay(self) -> None:
+        """Emulated wide-area latency before a learner message (benchmarks only)."""
+        if self.config.emulate_delay_ms:
+            await trio.sleep(self.config.emulate_delay_ms / 1000)
+
     async def work_once(self) -> None:
         assert self.swarm is not None and self.learner is not None
         host, cfg = self.swarm.host, self.config
+        await self._delay()
         reply = await request(
             host, self.learner, WORK_PROTOCOL,
             WorkRequest(self.job_id, cfg.max_prompts, self.version, self.backend.name, self.backend.dtype),
@@ -156,39 +183,65 @@ class Node:
             if reply.retry_after_ms:
                 await trio.sleep(reply.retry_after_ms / 1000)
             return
-        if reply.version != self.version and not await self.update_weights(reply.version):
-            return  # the assignment is for an older version: ask again
+        if reply.version > self._wanted:
+            self._wanted = reply.version
+            self._wanted_changed.set()
+        if self.version < reply.min_version:
+            # What we hold is outside the learner's window: wait for the newest.
+            if not await self.update_weights(reply.version):
+                return  # a newer version superseded it: ask again
+        # Otherwise work with what we hold while _follow_versions fetches the
+        # newest (async mode: the broadcast overlaps generation).
         await self.roll_out(reply)
 
+    async def _follow_versions(self) -> None:
+        """Fetch and load each newer version the learner names, in the background."""
+        while True:
+            if self._wanted <= self.version:
+                self._wanted_changed = trio.Event()
+                await self._wanted_changed.wait()
+                continue
+            try:
+                await self.update_weights(self._wanted)
+            except (RequestFailed, ProtocolError) as exc:
+                event(log, logging.INFO, "could not fetch a newer version yet", error=exc)
+                await trio.sleep(self.config.retry_s)  # backoff before asking again
+
     async def update_weights(self, version: int) -> bool:
-        """Fetch and load ``version``; False if a newer one superseded it meanwhile."""
+        """Fetch and load ``version`` (or newer); False if a newer one superseded it meanwhile."""
         assert self.swarm is not None and self.learner is not None and self.engine is not None
-        manifest = await self.engine.fetch_manifest(self.learner.to_base58())
-        if manifest.version < version:
-            raise RequestFailed(f"learner offers v{manifest.version} but assigned v{version}")
-        if not await download(self.engine, manifest):
-            return False
-        weights = await trio.to_thread.run_sync(self.engine.store.assemble, manifest.version)
-        await trio.to_thread.run_sync(self.backend.load, manifest.model_config, weights)
-        self.version = manifest.version
-        event(log, logging.INFO, "loaded weights", version=manifest.version)
-        return manifest.version == version
+        async with self._update_lock:
+            if self.version >= version:
+                return True
+            manifest = await self.engine.fetch_manifest(self.learner.to_base58())
+            if manifest.version < version:
+                raise RequestFailed(f"learner offers v{manifest.version} but assigned v{version}")
+            if not await download(self.engine, manifest):
+                return False
+            weights = await trio.to_thread.run_sync(self.engine.store.assemble, manifest.version)
+            async with self._backend_lock:  # never swap weights under a running generation
+                await trio.to_thread.run_sync(self.backend.load, manifest.model_config, weights)
+                self.version = manifest.version
+            event(log, logging.INFO, "loaded weights", version=manifest.version)
+            return manifest.version == version
 
     async def roll_out(self, work: WorkAssignment) -> None:
         assert self.swarm is not None and self.learner is not None
-        t0 = time.monotonic()
-        samples = await trio.to_thread.run_sync(
-            self.backend.generate,
-            [p.tokens for p in work.prompts],
-            work.group_size,
-            work.max_new_tokens,
-            work.temperature,
-            work.stop_token_ids,
-        )
+        async with self._backend_lock:
+            version = self.version  # the batch declares the version that really generated it
+            t0 = time.monotonic()
+            samples = await trio.to_thread.run_sync(
+                self.backend.generate,
+                [p.tokens for p in work.prompts],
+                work.group_size,
+                work.max_new_tokens,
+                work.temperature,
+                work.stop_token_ids,
+            )
         batch = self.identity.sign(
             RolloutBatch(
                 job_id=work.job_id,
-                version=work.version,
+                version=version,
                 peer_id=self.me,
                 nonce=os.urandom(16),
                 backend=self.backend.name,
@@ -201,6 +254,7 @@ class Node:
                 signature=UNSIGNED,
             )
         )
+        await self._delay()
         reply = await request(
             self.swarm.host, self.learner, ROLLOUT_PROTOCOL, batch, Receipt, ErrorReply,
             timeout_s=self.config.request_timeout_s,
@@ -211,13 +265,38 @@ class Node:
         self.rollouts_sent += sum(len(g.completions) for g in batch.groups)
         self._save_receipt(reply)
 
-    def _check_receipt(self, batch: RolloutBatch, receipt: Receipt) -> None:
+    async def fetch_receipts(self, page_size: int = MAX_RECEIPTS_PER_PAGE) -> list[Receipt]:
+        """Every receipt the learner holds for this node, each signature checked."""
+        assert self.swarm is not None and self.learner is not None
+        receipts: list[Receipt] = []
+        after = 0
+        while True:
+            page = await request(
+                self.swarm.host, self.learner, RECEIPTS_PROTOCOL,
+                ReceiptQuery(self.job_id, after, page_size), ReceiptPage, ErrorReply,
+                timeout_s=self.config.request_timeout_s,
+            )
+            if isinstance(page, ErrorReply):
+                raise RequestFailed(f"learner refused the receipts query: {page.code}: {page.message}")
+            for receipt in page.receipts:
+                self._check_receipt_origin(receipt)
+            receipts.extend(page.receipts)
+            if not page.more:
+                return receipts
+            after = page.last_id
+
+    def _check_receipt_origin(self, receipt: Receipt) -> None:
         assert self.learner is not None
         try:
             verify(receipt, self.learner.to_base58())
         except SignatureError as exc:
             raise RequestFailed(f"receipt not signed by the learner: {exc}") from exc
-        if receipt.batch_hash != codec.digest(batch) or receipt.peer_id != self.me:
+        if receipt.peer_id != self.me or receipt.job_id != self.job_id:
+            raise RequestFailed("receipt is for another node or job")
+
+    def _check_receipt(self, batch: RolloutBatch, receipt: Receipt) -> None:
+        self._check_receipt_origin(receipt)
+        if receipt.batch_hash != codec.digest(batch):
             raise RequestFailed("receipt is for another batch")
         if receipt.verdict == "accepted":
             self.receipts_accepted += 1

@@ -30,6 +30,8 @@ MAX_SIZE: dict[type, int] = {
     m.NoWork: 1 * KiB,
     m.RolloutBatch: 8 * MiB,
     m.Receipt: 2 * KiB,
+    m.ReceiptQuery: 1 * KiB,
+    m.ReceiptPage: m.MAX_RECEIPTS_PER_PAGE * 2 * KiB,
     m.Manifest: 4 * MiB,
     m.ManifestRequest: 1 * KiB,
     m.Have: m.MAX_CHUNKS // 8 + 1 * KiB,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-WORK_PROTOCOL = "/echo-swarm/work/1.0.0"
+WORK_PROTOCOL = "/echo-swarm/work/1.1.0"
 ROLLOUT_PROTOCOL = "/echo-swarm/rollout/1.0.0"
+RECEIPTS_PROTOCOL = "/echo-swarm/receipts/1.0.0"
 CHUNK_PROTOCOL = "/echo-swarm/chunk/1.0.0"
 HAVE_PROTOCOL = "/echo-swarm/have/1.0.0"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from protocol.schema import Bytes, Float, Int, ListOf, Nested, Str, check
+from protocol.schema import Bool, Bytes, Float, Int, ListOf, Nested, Str, check
 
 # Bounds shared by several messages. They are protocol constants, not tuning
 # knobs: changing one is a protocol version change.
@@ -22,6 +22,7 @@ MAX_PROMPTS = 256
 MAX_GROUP = 64
 MAX_CHUNKS = 65536
 MAX_CHUNK_BYTES = 4 * 2**20
+MAX_RECEIPTS_PER_PAGE = 500
 SHA256 = Bytes(32, 32)
 SIGNATURE = Bytes(64, 64)
 PEER_ID = Str(MAX_PEER_ID)
@@ -56,10 +57,17 @@ class Prompt:
 
 @dataclass(frozen=True)
 class WorkAssignment:
-    """Prompts chosen by the learner; the node may not pick its own."""
+    """Prompts chosen by the learner; the node may not pick its own.
+
+    ``version`` is the learner's newest policy; a node may generate with any
+    version from ``min_version`` to ``version`` it already holds (async mode's
+    staleness window; in sync mode the two are equal) and fetch the newest
+    while it works.
+    """
 
     job_id: str = field(metadata=check(JOB_ID))
     version: int = field(metadata=check(VERSION))
+    min_version: int = field(metadata=check(VERSION))
     prompts: tuple[Prompt, ...] = field(metadata=check(ListOf(Nested(Prompt), MAX_PROMPTS, 1)))
     group_size: int = field(metadata=check(Int(1, MAX_GROUP)))
     max_new_tokens: int = field(metadata=check(Int(1, MAX_NEW_TOKENS)))
@@ -128,6 +136,29 @@ class Receipt:
     created_ms: int = field(metadata=check(TIME_MS))
     learner_id: str = field(metadata=check(PEER_ID))
     signature: bytes = field(metadata=check(SIGNATURE))
+
+
+@dataclass(frozen=True)
+class ReceiptQuery:
+    """A node asks the learner for its own receipts (the learner answers only
+    with receipts of the peer on the other end of the connection)."""
+
+    job_id: str = field(metadata=check(JOB_ID))
+    after_id: int = field(metadata=check(Int(0, MAX_U53)))
+    limit: int = field(metadata=check(Int(1, MAX_RECEIPTS_PER_PAGE)))
+
+
+@dataclass(frozen=True)
+class ReceiptPage:
+    """Receipts with ledger ids above the query's ``after_id``, oldest first;
+    ask again from ``last_id`` while ``more`` is true."""
+
+    job_id: str = field(metadata=check(JOB_ID))
+    receipts: tuple[Receipt, ...] = field(
+        metadata=check(ListOf(Nested(Receipt), MAX_RECEIPTS_PER_PAGE))
+    )
+    last_id: int = field(metadata=check(Int(0, MAX_U53)))
+    more: bool = field(metadata=check(Bool()))
 
 
 # --- weights -----------------------------------------------------------------

@@ -42,6 +42,14 @@ class Int(Checker):
 
 
 @dataclasses.dataclass(frozen=True)
+class Bool(Checker):
+    def check(self, value: Any, where: str) -> bool:
+        if type(value) is not bool:
+            raise DecodeError(f"{where}: expected bool, got {type(value).__name__}")
+        return value
+
+
+@dataclasses.dataclass(frozen=True)
 class Float(Checker):
     lo: float
     hi: float

@@ -130,6 +130,8 @@ class BroadcastEngine:
         self._progress = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._rng = random.Random()
+        # Told of every neighbour's Have (the learner uses it to time the broadcast).
+        self.have_listener: Callable[[str, Have], None] | None = None
         if self.target is not None and not self.is_seed:
             self._start_download(self.target)
 
@@ -283,6 +285,8 @@ class BroadcastEngine:
             if have.job_id != self.job_id:
                 raise ProtocolError(f"have for job {have.job_id}")
             self.neighbours[peer] = have
+            if self.have_listener is not None:
+                self.have_listener(peer, have)
             if self.target is None or have.version > self.target.version:
                 self._learn_version(peer, have.version)
             self._apply_have(peer, have)

@@ -3,7 +3,9 @@
 import torch
 
 from echo_learner.model import build_model, build_tokenizer, config_json, tokenizer_digest
-from echo_learner.trainer import ScoredGroup, Trainer
+from echo_learner.trainer import Objective, ScoredGroup, Trainer
+
+OBJ = Objective(clip_eps=0.2, ratio_cap=3.0, kl_coef=0.0)
 from echo_node.backend_torch import TorchBackend
 
 
@@ -24,7 +26,7 @@ def test_default_model_and_tokenizer_are_deterministic():
 def test_step_raises_the_rewarded_completion():
     torch.manual_seed(0)
     model = build_model()
-    trainer = Trainer(model, lr=1e-2, clip_eps=0.2, pad_id=256)
+    trainer = Trainer(model, lr=1e-2, objective=OBJ, pad_id=256)
     prompt = (257, 97, 98, 99, 61)
     good, bad = (99, 98, 97, 258), (97, 97, 97, 258)
     with torch.no_grad():
@@ -46,7 +48,7 @@ def test_step_raises_the_rewarded_completion():
 
 def test_published_weights_load_into_a_node_backend():
     model = build_model()
-    trainer = Trainer(model, lr=1e-3, clip_eps=0.2, pad_id=256)
+    trainer = Trainer(model, lr=1e-3, objective=OBJ, pad_id=256)
     backend = TorchBackend(threads=1)
     backend.load(config_json(model), trainer.weights())
     groups = backend.generate([(257, 97, 98, 99, 61)], group_size=4, max_new_tokens=4,

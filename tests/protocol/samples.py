@@ -12,6 +12,8 @@ from protocol.messages import (
     NoWork,
     Prompt,
     Receipt,
+    ReceiptPage,
+    ReceiptQuery,
     RolloutBatch,
     RolloutGroup,
     WorkAssignment,
@@ -52,10 +54,12 @@ def all_messages() -> list:
     )
     return [
         WorkRequest("reverse-test", 4, -1, "torch", "f32"),
-        WorkAssignment("reverse-test", 3, (Prompt(1, (257, 97, 98, 99, 61)),), 16, 4, 1.0, (258,), 99),
+        WorkAssignment("reverse-test", 3, 1, (Prompt(1, (257, 97, 98, 99, 61)),), 16, 4, 1.0, (258,), 99),
         NoWork("reverse-test", 3, 0, "all prompts taken"),
         batch(),
         receipt,
+        ReceiptQuery("reverse-test", 0, 100),
+        ReceiptPage("reverse-test", (receipt, receipt), 17, True),
         signed_manifest,
         ManifestRequest("reverse-test", -1),
         Have("reverse-test", 1, b"d" * 32, b"\x0f"),

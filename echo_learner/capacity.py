@@ -1,0 +1,117 @@
+"""ECHO-2's capacity model, live: is the swarm producing rollouts fast enough
+to keep the learner busy at the current staleness bound?
+
+Measured here: the learner's train-step and publish times, how long a new
+version takes to reach the nodes (publish -> a node asks for work holding it),
+and the learner's busy fraction. Each node's rollout throughput comes from
+``PeerBook``. ``forecast`` turns them into a predicted utilization:
+
+- sync: a step waits for the version to spread and for a whole batch to be
+  generated with it, so ``period = train + publish + broadcast + B / R``.
+- async, staleness S, publish every K steps: generation overlaps training.
+  The learner is starved if rollouts arrive slower than it consumes them
+  (``B / R``) or if a rollout's trip (broadcast + work cycle) spans more than
+  the S versions the window allows, which happens in ``K * S`` steps:
+  ``period = max(train + publish / K, B / R, (broadcast + cycle) / (K * S))``.
+
+Utilization is ``train / period``; the rollout rate needed to keep the
+learner busy is ``B / (train + publish / K)``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+
+EWMA = 0.2
+
+
+@dataclass(frozen=True)
+class Forecast:
+    utilization: float
+    needed_rollouts_per_s: float
+    supply_rollouts_per_s: float
+    verdict: str
+
+    def to_json(self) -> dict:
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+def forecast(
+    *,
+    staleness: int,
+    publish_every: int,
+    rollouts_per_step: int,
+    train_s: float,
+    publish_s: float,
+    broadcast_s: float,
+    cycle_s: float,
+    supply_rps: float,
+) -> Forecast:
+    busy = train_s + publish_s / publish_every
+    needed = rollouts_per_step / busy if busy > 0 else 0.0
+    generate_s = rollouts_per_step / supply_rps if supply_rps > 0 else float("inf")
+    if staleness == 0:
+        period = train_s + publish_s + broadcast_s + generate_s
+    else:
+        period = max(busy, generate_s, (broadcast_s + cycle_s) / (publish_every * staleness))
+    utilization = min(1.0, train_s / period) if period > 0 else 0.0
+    if supply_rps <= 0:
+        verdict = "no rollout throughput measured yet"
+    elif supply_rps >= needed:
+        verdict = f"enough rollout throughput ({supply_rps / needed:.1f}x what keeps the learner busy)"
+    else:
+        verdict = f"needs {needed / supply_rps:.1f}x more rollout throughput to keep the learner busy"
+    return Forecast(utilization, needed, supply_rps, verdict)
+
+
+class CapacityMeter:
+    def __init__(self, window_s: float):
+        self.window_s = window_s
+        self.started = time.monotonic()
+        self.train_s = 0.0
+        self.publish_s = 0.0
+        self.broadcast_s = 0.0
+        self._busy: deque[tuple[float, float]] = deque()  # (start, end) of train steps
+        self._published: dict[int, float] = {}  # version -> monotonic time
+        self._arrived: set[tuple[str, int]] = set()
+
+    @staticmethod
+    def _avg(old: float, new: float) -> float:
+        return new if old == 0 else (1 - EWMA) * old + EWMA * new
+
+    def on_train(self, start: float, end: float) -> None:
+        self.train_s = self._avg(self.train_s, end - start)
+        self._busy.append((start, end))
+        while self._busy and self._busy[0][1] < end - self.window_s:
+            self._busy.popleft()
+
+    def on_publish(self, version: int, start: float, end: float) -> None:
+        self.publish_s = self._avg(self.publish_s, end - start)
+        self._published[version] = end
+        for old in sorted(self._published)[:-8]:
+            del self._published[old]
+        self._arrived = {(p, v) for p, v in self._arrived if v in self._published}
+
+    def on_node_holds(self, peer: str, version: int) -> None:
+        """A node asked for work holding ``version``: the version reached it."""
+        published = self._published.get(version)
+        if published is None or (peer, version) in self._arrived:
+            return
+        self._arrived.add((peer, version))
+        self.broadcast_s = self._avg(self.broadcast_s, time.monotonic() - published)
+
+    def utilization(self) -> float:
+        """Fraction of the last ``window_s`` seconds spent in training steps."""
+        now = time.monotonic()
+        start = max(self.started, now - self.window_s)
+        busy = sum(max(0.0, min(e, now) - max(s, start)) for s, e in self._busy)
+        return busy / (now - start) if now > start else 0.0
+
+    def measurements(self) -> dict:
+        return {
+            "train_s": round(self.train_s, 4),
+            "publish_s": round(self.publish_s, 4),
+            "broadcast_s": round(self.broadcast_s, 4),
+        }

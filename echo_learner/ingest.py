@@ -1,0 +1,290 @@
+"""The learner's side of the work, rollout and receipts protocols.
+
+``handle_work`` hands prompts out of the pool (long-polling while it is
+empty); ``handle_rollouts`` verifies a batch, writes the verdict to the ledger
+and only then answers with the signed receipt; ``handle_receipts`` lets a node
+page through its own receipts. Every handler runs under ``protocol.rpc.serve``
+(deadline, per-peer error logging, stream cleanup).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+from libp2p.abc import INetStream
+
+from echo_learner.capacity import CapacityMeter
+from echo_learner.config import LearnerConfig
+from echo_learner.ledger import CREDIT_PER_TOKEN, Ledger, Row
+from echo_learner.peers import PeerBook
+from echo_learner.pool import Assignment, PromptPool, Rollouts
+from echo_learner.tasks import Task
+from echo_learner.trainer import ScoredGroup
+from echo_learner.verify import (
+    ACCEPTED,
+    BANNED,
+    MALFORMED,
+    OUT_OF_WINDOW,
+    Limits,
+    Policies,
+    Window,
+    check_batch,
+    check_logprobs,
+    logprob_error,
+)
+from protocol import codec, framing
+from protocol.errors import ProtocolError
+from protocol.identity import Identity
+from protocol.logs import event
+from protocol.messages import (
+    UNSIGNED,
+    ErrorReply,
+    NoWork,
+    Prompt,
+    Receipt,
+    ReceiptPage,
+    ReceiptQuery,
+    RolloutBatch,
+    WorkAssignment,
+    WorkRequest,
+)
+from protocol.rpc import remote_peer
+
+log = logging.getLogger(__name__)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Counters:
+    rollouts_accepted: int = 0
+    batches_accepted: int = 0
+    batches_refused: int = 0
+
+
+class Ingest:
+    def __init__(
+        self,
+        config: LearnerConfig,
+        identity: Identity,
+        *,
+        job_id: str,
+        task: Task,
+        decode: Callable[[list[int]], str],
+        eos_id: int,
+        pad_id: int,
+        limits: Limits,
+        pool: PromptPool,
+        policies: Policies,
+        ledger: Ledger,
+        peers: PeerBook,
+        meter: CapacityMeter,
+        current_version: Callable[[], int],
+    ):
+        self.config = config
+        self.identity = identity
+        self.me = identity.peer_id_str
+        self.job_id = job_id
+        self.task = task
+        self.decode = decode
+        self.eos_id = eos_id
+        self.pad_id = pad_id
+        self.limits = limits
+        self.pool = pool
+        self.policies = policies
+        self.ledger = ledger
+        self.peers = peers
+        self.meter = meter
+        self.current_version = current_version
+        self.counters = Counters()
+        self.contributors: set[str] = set()
+        # Nonces of batches being verified right now: a copy sent while the
+        # first is in its log-prob check must not pass the replay check.
+        self._verifying: set[tuple[str, bytes]] = set()
+
+    def window(self) -> Window:
+        """Versions a rollout may be made with now: the staleness window, within
+        the versions this learner still holds (a resumed learner holds fewer)."""
+        version = self.current_version()
+        held = min(self.policies.models, default=version)
+        return Window(max(version - self.config.window, held), version)
+
+    # --- work ----------------------------------------------------------------------
+
+    async def handle_work(self, stream: INetStream) -> None:
+        peer = remote_peer(stream)
+        req = await framing.receive(stream, WorkRequest)
+        self.peers.on_work_request(peer, req.backend, req.dtype, req.held_version)
+        if self.peers.banned(peer):
+            await framing.send(stream, ErrorReply(BANNED, "too many refused batches; try again later"))
+            return
+        if req.job_id != self.job_id:
+            await framing.send(stream, ErrorReply("unknown_job", f"this learner runs {self.job_id}"))
+            return
+        wanted = min(req.max_prompts, self.config.prompts_per_request)
+        with trio.move_on_after(self.config.long_poll_s):
+            while True:
+                version = self.current_version()
+                taken = self.pool.take(peer, wanted, version)
+                if taken:
+                    await framing.send(stream, self._assignment(version, taken))
+                    return
+                await self.pool.wait_changed()
+        await framing.send(
+            stream,
+            NoWork(self.job_id, max(self.current_version(), 0), retry_after_ms=0, reason="no prompts open"),
+        )
+
+    def _assignment(self, version: int, taken: list[Assignment]) -> WorkAssignment:
+        cfg = self.config
+        return WorkAssignment(
+            job_id=self.job_id,
+            version=version,
+            min_version=self.window().lo,
+            prompts=tuple(Prompt(a.prompt_id, a.tokens) for a in taken),
+            group_size=cfg.group_size,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=1.0,
+            stop_token_ids=(self.eos_id,),
+            deadline_ms=now_ms() + int(cfg.assignment_timeout_s * 1000),
+        )
+
+    # --- rollouts ------------------------------------------------------------------
+
+    async def handle_rollouts(self, stream: INetStream) -> None:
+        sender = remote_peer(stream)
+        try:
+            batch = await framing.receive(stream, RolloutBatch)
+        except ProtocolError as exc:
+            self._record_malformed(sender, exc)
+            await framing.send(stream, ErrorReply(MALFORMED, str(exc)[:400]))
+            return
+        reason = await self._verify(batch, sender)
+        accepted = reason is None
+        assignments = [self.pool.lookup(g.prompt_id) for g in batch.groups] if accepted else []
+        tokens = sum(len(c.tokens) for g in batch.groups for c in g.completions)
+        rollouts = sum(len(g.completions) for g in batch.groups)
+        receipt = self.identity.sign(
+            Receipt(
+                job_id=self.job_id,
+                batch_hash=codec.digest(batch),
+                peer_id=batch.peer_id,
+                version=batch.version,
+                verdict="accepted" if accepted else "refused",
+                reason=reason or ACCEPTED,
+                tokens=tokens if accepted else 0,
+                credit=tokens * CREDIT_PER_TOKEN if accepted else 0.0,
+                created_ms=now_ms(),
+                learner_id=self.me,
+                signature=UNSIGNED,
+            )
+        )
+        # Write before ack: the row (and an accepted batch itself) is committed
+        # before the node sees its receipt.
+        self.ledger.record(
+            Row(
+                batch_hash=receipt.batch_hash,
+                peer=sender,
+                version=batch.version,
+                nonce=batch.nonce,
+                rollouts=rollouts,
+                tokens=receipt.tokens,
+                verdict=receipt.verdict,
+                reason=receipt.reason,
+                credit=receipt.credit,
+                created_ms=receipt.created_ms,
+                receipt=codec.encode(receipt),
+                batch=codec.encode(batch) if accepted else None,
+            )
+        )
+        cycle_s = None
+        if accepted:
+            handed_at = min(a.handed_at for a in assignments if a is not None)
+            cycle_s = trio.current_time() - handed_at
+            for a, group in zip(assignments, batch.groups):
+                assert a is not None
+                self.pool.answer(a, Rollouts(batch.version, sender, self._score(a, group)))
+            self.counters.rollouts_accepted += rollouts
+            self.counters.batches_accepted += 1
+            self.contributors.add(sender)
+        else:
+            self.counters.batches_refused += 1
+            event(log, logging.INFO, "refused batch", peer=sender, reason=reason, version=batch.version)
+        self.peers.on_verdict(sender, receipt.reason, rollouts, receipt.tokens, cycle_s)
+        await framing.send(stream, receipt)
+
+    async def _verify(self, batch: RolloutBatch, sender: str) -> str | None:
+        if self.peers.banned(sender):
+            return BANNED
+        key = (sender, batch.nonce)
+
+        def nonce_seen(nonce: bytes) -> bool:
+            return key in self._verifying or self.ledger.nonce_accepted(sender, nonce)
+
+        reason = check_batch(batch, sender, self.pool, self.window(), nonce_seen, self.limits)
+        if reason is not None:
+            return reason
+        model = self.policies.get(batch.version)
+        if model is None:
+            return OUT_OF_WINDOW
+        prompts = [self.pool.lookup(g.prompt_id).tokens for g in batch.groups]  # type: ignore[union-attr]
+        self._verifying.add(key)
+        try:
+            error = await trio.to_thread.run_sync(logprob_error, model, prompts, batch, self.pad_id)
+        finally:
+            self._verifying.discard(key)
+        reason = check_logprobs(error, batch.dtype)
+        if reason is not None:
+            event(log, logging.INFO, "log-probs differ", peer=sender, max_error=f"{error:.3g}")
+            return reason
+        # The window and the assignments may have moved during the recompute.
+        return check_batch(batch, sender, self.pool, self.window(), lambda _: False, self.limits)
+
+    def _score(self, assignment: Assignment, group) -> ScoredGroup:  # type: ignore[no-untyped-def]
+        rewards = []
+        for c in group.completions:
+            ids = list(c.tokens)
+            if self.eos_id in ids:
+                ids = ids[: ids.index(self.eos_id)]
+            rewards.append(self.task.reward(assignment.prompt, self.decode(ids)))
+        return ScoredGroup(
+            prompt_tokens=assignment.tokens,
+            completions=tuple(c.tokens for c in group.completions),
+            behaviour_logprobs=tuple(c.logprobs for c in group.completions),
+            rewards=tuple(rewards),
+        )
+
+    def _record_malformed(self, sender: str, exc: ProtocolError) -> None:
+        """An undecodable or oversized batch is a verdict too: a ledger row, a strike."""
+        self.ledger.record(
+            Row(bytes(32), sender, 0, b"", 0, 0, "refused", MALFORMED, 0.0, now_ms(), b"")
+        )
+        self.counters.batches_refused += 1
+        self.peers.on_verdict(sender, MALFORMED, 0, 0, None)
+        event(log, logging.INFO, "refused batch", peer=sender, reason=MALFORMED, error=exc)
+
+    # --- receipts --------------------------------------------------------------------
+
+    async def handle_receipts(self, stream: INetStream) -> None:
+        peer = remote_peer(stream)
+        query = await framing.receive(stream, ReceiptQuery)
+        if query.job_id != self.job_id:
+            await framing.send(stream, ErrorReply("unknown_job", f"this learner runs {self.job_id}"))
+            return
+        rows = self.ledger.receipts(peer, query.after_id, query.limit + 1)
+        page = rows[: query.limit]
+        await framing.send(
+            stream,
+            ReceiptPage(
+                job_id=self.job_id,
+                receipts=tuple(codec.decode(r, Receipt) for _, r in page),
+                last_id=page[-1][0] if page else query.after_id,
+                more=len(rows) > query.limit,
+            ),
+        )

@@ -1,0 +1,110 @@
+"""What the learner knows about each node: what it runs, what it did, whether it is banned.
+
+Fed by the work and rollout handlers; read by the capacity model, the HTTP
+API and the ban check. Bounded: the least recently seen peers are forgotten
+beyond ``max_peers`` (a forgotten peer's ledger rows remain).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from echo_learner.verify import ACCEPTED, STRIKES
+
+# Weight of the newest sample in a node's throughput average.
+EWMA = 0.3
+
+
+@dataclass
+class PeerStats:
+    peer: str
+    first_seen: float
+    last_seen: float
+    backend: str = ""
+    dtype: str = ""
+    held_version: int = -1
+    accepted: int = 0  # batches
+    refused: int = 0
+    rollouts: int = 0  # accepted
+    tokens: int = 0  # accepted
+    rate: float = 0.0  # rollouts/s over a work cycle (assignment -> verdict), averaged
+    cycle_s: float = 0.0
+    last_reason: str = ""
+    strikes: deque[float] = field(default_factory=deque)
+    banned_until: float = 0.0
+
+    def to_json(self, now: float) -> dict:
+        return {
+            "peer": self.peer,
+            "backend": self.backend,
+            "dtype": self.dtype,
+            "held_version": self.held_version,
+            "accepted": self.accepted,
+            "refused": self.refused,
+            "rollouts": self.rollouts,
+            "tokens": self.tokens,
+            "rollouts_per_s": round(self.rate, 3),
+            "last_seen_s": round(now - self.last_seen, 1),
+            "last_reason": self.last_reason,
+            "banned_for_s": round(max(0.0, self.banned_until - now), 1),
+        }
+
+
+class PeerBook:
+    def __init__(self, *, strikes_to_ban: int, strike_window_s: float, ban_s: float, max_peers: int):
+        self.strikes_to_ban = strikes_to_ban
+        self.strike_window_s = strike_window_s
+        self.ban_s = ban_s
+        self.max_peers = max_peers
+        self.peers: OrderedDict[str, PeerStats] = OrderedDict()
+
+    def seen(self, peer: str) -> PeerStats:
+        now = time.time()
+        stats = self.peers.get(peer)
+        if stats is None:
+            stats = self.peers[peer] = PeerStats(peer, now, now)
+            while len(self.peers) > self.max_peers:
+                self.peers.popitem(last=False)
+        stats.last_seen = now
+        self.peers.move_to_end(peer)
+        return stats
+
+    def on_work_request(self, peer: str, backend: str, dtype: str, held_version: int) -> None:
+        stats = self.seen(peer)
+        stats.backend, stats.dtype, stats.held_version = backend, dtype, held_version
+
+    def on_verdict(self, peer: str, reason: str, rollouts: int, tokens: int, cycle_s: float | None) -> None:
+        stats = self.seen(peer)
+        stats.last_reason = reason
+        if reason == ACCEPTED:
+            stats.accepted += 1
+            stats.rollouts += rollouts
+            stats.tokens += tokens
+            if cycle_s:
+                rate = rollouts / cycle_s
+                stats.rate = rate if stats.rate == 0 else (1 - EWMA) * stats.rate + EWMA * rate
+                stats.cycle_s = cycle_s if stats.cycle_s == 0 else (1 - EWMA) * stats.cycle_s + EWMA * cycle_s
+            return
+        stats.refused += 1
+        if reason in STRIKES:
+            now = time.time()
+            stats.strikes.append(now)
+            while stats.strikes and stats.strikes[0] < now - self.strike_window_s:
+                stats.strikes.popleft()
+            if len(stats.strikes) >= self.strikes_to_ban:
+                stats.banned_until = now + self.ban_s
+                stats.strikes.clear()
+
+    def banned(self, peer: str) -> bool:
+        stats = self.peers.get(peer)
+        return stats is not None and stats.banned_until > time.time()
+
+    def active(self, within_s: float) -> list[PeerStats]:
+        cutoff = time.time() - within_s
+        return [s for s in self.peers.values() if s.last_seen >= cutoff]
+
+    def to_json(self) -> list[dict]:
+        now = time.time()
+        return [s.to_json(now) for s in reversed(self.peers.values())]

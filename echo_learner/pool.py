@@ -1,0 +1,185 @@
+"""Prompts handed to nodes, and the verified rollouts waiting to be trained on.
+
+One structure serves both modes. The learner chooses every prompt and hands
+it to one node at a time with a deadline; a prompt not answered by then goes
+to the next node that asks. Verified groups wait in a FIFO replay buffer until
+a training step takes them.
+
+- sync (staleness 0): the pool is open only while the current version's
+  prompts are being rolled out; a step takes exactly one batch made with the
+  current version, then the pool stays shut until the next version is out.
+- async (staleness S): the pool stays open; it hands out prompts while
+  outstanding plus buffered groups are below ``capacity``, and a step takes
+  the oldest groups made with a version no older than current - S.
+
+Everything is bounded: ``capacity`` groups in flight or buffered, and at most
+``memory`` assignments remembered (older ones can only fail verification).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from echo_learner.tasks import TaskPrompt
+from echo_learner.trainer import ScoredGroup
+
+
+@dataclass
+class Assignment:
+    prompt_id: int
+    prompt: TaskPrompt
+    tokens: tuple[int, ...]
+    version: int  # the learner's version when it was (last) handed out
+    peer: str
+    deadline: float  # trio clock
+    handed_at: float  # trio clock
+    holders: list[str] = field(default_factory=list)  # every peer it was ever given to
+    answered: bool = False
+
+
+@dataclass(frozen=True)
+class Rollouts:
+    """A verified, scored group in the replay buffer."""
+
+    version: int  # the policy version that generated it
+    peer: str
+    group: ScoredGroup
+
+
+PromptFactory = Callable[[], tuple[TaskPrompt, tuple[int, ...]]]
+
+
+class PromptPool:
+    def __init__(
+        self,
+        new_prompt: PromptFactory,
+        *,
+        capacity: int,
+        assignment_timeout_s: float,
+        memory: int,
+    ):
+        self.new_prompt = new_prompt
+        self.capacity = capacity
+        self.assignment_timeout_s = assignment_timeout_s
+        self.memory = memory
+        self.assignments: OrderedDict[int, Assignment] = OrderedDict()
+        self.buffer: deque[Rollouts] = deque()
+        self.next_prompt_id = 0
+        self.open = False  # the learner opens it once a version is out
+        self.min_version = 0  # assignments made before this version are useless
+        self._changed = trio.Event()
+
+    # --- handing out ---------------------------------------------------------
+
+    def _live(self, a: Assignment, now: float) -> bool:
+        return not a.answered and a.deadline >= now and a.version >= self.min_version
+
+    def outstanding(self) -> int:
+        now = trio.current_time()
+        return sum(self._live(a, now) for a in self.assignments.values())
+
+    def take(self, peer: str, max_prompts: int, version: int) -> list[Assignment]:
+        """Hand ``peer`` up to ``max_prompts`` prompts to roll out with ``version``."""
+        if not self.open:
+            return []
+        now = trio.current_time()
+        room = min(max_prompts, self.capacity - len(self.buffer) - self.outstanding())
+        taken: list[Assignment] = []
+        # Expired, still useful prompts first: a slow node must not starve a step.
+        for a in self.assignments.values():
+            if len(taken) >= room:
+                break
+            if not a.answered and a.deadline < now and a.version >= self.min_version:
+                taken.append(a)
+        while len(taken) < room:
+            prompt, tokens = self.new_prompt()
+            a = Assignment(self.next_prompt_id, prompt, tokens, version, peer, 0.0, now)
+            self.next_prompt_id += 1
+            self.assignments[a.prompt_id] = a
+            taken.append(a)
+        for a in taken:
+            a.peer, a.version, a.handed_at = peer, version, now
+            a.deadline = now + self.assignment_timeout_s
+            a.holders.append(peer)
+        while len(self.assignments) > self.memory:
+            self.assignments.popitem(last=False)
+        return taken
+
+    def lookup(self, prompt_id: int) -> Assignment | None:
+        return self.assignments.get(prompt_id)
+
+    # --- filling and draining ------------------------------------------------
+
+    def answer(self, assignment: Assignment, rollouts: Rollouts) -> None:
+        assignment.answered = True
+        self.buffer.append(rollouts)
+        self._notify()
+
+    async def take_batch(self, size: int, min_version: int) -> list[Rollouts]:
+        """Wait for ``size`` buffered groups made with ``min_version`` or newer
+        (older ones are dropped) and take the oldest."""
+        while True:
+            fresh = deque(r for r in self.buffer if r.version >= min_version)
+            if len(fresh) != len(self.buffer):
+                self.buffer = fresh
+                self._notify()  # dropped stale groups: room for more prompts
+            if len(self.buffer) >= size:
+                batch = [self.buffer.popleft() for _ in range(size)]
+                self._notify()
+                return batch
+            await self._changed.wait()
+
+    def set_open(self, open_: bool, min_version: int | None = None) -> None:
+        self.open = open_
+        if min_version is not None:
+            self.min_version = min_version
+        self._notify()
+
+    async def wait_changed(self) -> None:
+        await self._changed.wait()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    # --- checkpoints ---------------------------------------------------------
+
+    def state(self) -> dict:
+        """What a checkpoint keeps: the buffer and the prompt counter (plain types)."""
+        return {
+            "next_prompt_id": self.next_prompt_id,
+            "buffer": [
+                {
+                    "version": r.version,
+                    "peer": r.peer,
+                    "prompt_tokens": list(r.group.prompt_tokens),
+                    "completions": [list(c) for c in r.group.completions],
+                    "behaviour_logprobs": [list(b) for b in r.group.behaviour_logprobs],
+                    "rewards": list(r.group.rewards),
+                }
+                for r in self.buffer
+            ],
+        }
+
+    def restore(self, state: dict, version_offset: int) -> None:
+        """Reload a checkpoint's buffer; versions shift by ``version_offset``
+        because a resumed learner numbers its versions after every one it ever
+        published (nodes may hold those)."""
+        self.next_prompt_id = state["next_prompt_id"]
+        self.buffer = deque(
+            Rollouts(
+                version=b["version"] + version_offset,
+                peer=b["peer"],
+                group=ScoredGroup(
+                    prompt_tokens=tuple(b["prompt_tokens"]),
+                    completions=tuple(tuple(c) for c in b["completions"]),
+                    behaviour_logprobs=tuple(tuple(x) for x in b["behaviour_logprobs"]),
+                    rewards=tuple(b["rewards"]),
+                ),
+            )
+            for b in state["buffer"]
+        )
