@@ -226,7 +226,16 @@ class Node:
             return manifest.version == version
 
     async def roll_out(self, work: WorkAssignment) -> None:
-        assert self.swarm is not None and self.learner is not None
+        batch = await self.make_batch(work)
+        reply = await self.submit(batch)
+        if isinstance(reply, ErrorReply):
+            raise RequestFailed(f"learner refused the batch: {reply.code}: {reply.message}")
+        self._check_receipt(batch, reply)
+        self.rollouts_sent += sum(len(g.completions) for g in batch.groups)
+        self._save_receipt(reply)
+
+    async def make_batch(self, work: WorkAssignment) -> RolloutBatch:
+        """Generate the assignment's groups with the weights we hold; sign them."""
         async with self._backend_lock:
             version = self.version  # the batch declares the version that really generated it
             t0 = time.monotonic()
@@ -238,7 +247,7 @@ class Node:
                 work.temperature,
                 work.stop_token_ids,
             )
-        batch = self.identity.sign(
+        return self.identity.sign(
             RolloutBatch(
                 job_id=work.job_id,
                 version=version,
@@ -254,16 +263,14 @@ class Node:
                 signature=UNSIGNED,
             )
         )
+
+    async def submit(self, batch: RolloutBatch) -> Receipt | ErrorReply:
+        assert self.swarm is not None and self.learner is not None
         await self._delay()
-        reply = await request(
+        return await request(
             self.swarm.host, self.learner, ROLLOUT_PROTOCOL, batch, Receipt, ErrorReply,
             timeout_s=self.config.request_timeout_s,
         )
-        if isinstance(reply, ErrorReply):
-            raise RequestFailed(f"learner refused the batch: {reply.code}: {reply.message}")
-        self._check_receipt(batch, reply)
-        self.rollouts_sent += sum(len(g.completions) for g in batch.groups)
-        self._save_receipt(reply)
 
     async def fetch_receipts(self, page_size: int = MAX_RECEIPTS_PER_PAGE) -> list[Receipt]:
         """Every receipt the learner holds for this node, each signature checked."""

@@ -30,6 +30,7 @@ from typing import Any
 
 import trio
 from libp2p.abc import INetStream
+from libp2p.host.exceptions import HostException
 from libp2p.network.exceptions import SwarmException
 from libp2p.network.stream.exceptions import StreamError
 from libp2p.peer.id import ID
@@ -51,7 +52,9 @@ from protocol.swarm import Swarm, find_providers
 log = logging.getLogger(__name__)
 
 # Errors a request to a peer can end with; anything else is a bug.
-PEER_ERRORS = (ProtocolError, StreamError, SwarmException, RequestFailed, OSError)
+# What a peer that misbehaves or vanishes mid-dial can raise (py-libp2p's
+# errors share no base class below Exception). None of them may stop the engine.
+PEER_ERRORS = (ProtocolError, StreamError, SwarmException, HostException, RequestFailed, OSError)
 
 
 @dataclass(frozen=True)

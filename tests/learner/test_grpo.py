@@ -1,6 +1,7 @@
+import pytest
 import torch
 
-from echo_learner.grpo import clipped_surrogate_loss, group_advantages
+from echo_learner.grpo import clipped_surrogate_loss, group_advantages, kl_penalty
 
 
 def test_advantages_are_group_normalised():
@@ -29,3 +30,21 @@ def test_mask_excludes_padding():
     mask = torch.tensor([[1.0, 0.0]])
     clipped_surrogate_loss(logp, logp.detach(), torch.tensor([2.0]), mask, 0.2).backward()
     assert logp.grad[0, 1] == 0 and logp.grad[0, 0] != 0
+
+
+def test_ratio_cap_truncates_large_ratios_with_negative_advantage():
+    behaviour = torch.tensor([[-5.0]])
+    logp = torch.tensor([[-1.0]], requires_grad=True)  # ratio e^4 ~ 55
+    capped = clipped_surrogate_loss(logp, behaviour, torch.tensor([-1.0]), torch.ones(1, 1), 0.2, ratio_cap=3.0)
+    assert capped.item() == pytest.approx(3.0)  # -(3 * -1)
+    capped.backward()
+    assert logp.grad.abs().sum() == 0  # truncated: no gradient from that token
+    uncapped = clipped_surrogate_loss(logp, behaviour, torch.tensor([-1.0]), torch.ones(1, 1), 0.2)
+    assert uncapped.item() > 50
+
+
+def test_kl_penalty_is_zero_at_the_reference_and_positive_away_from_it():
+    ref = torch.tensor([[-1.0, -2.0]])
+    mask = torch.ones(1, 2)
+    assert kl_penalty(ref, ref, mask).item() == pytest.approx(0.0)
+    assert kl_penalty(torch.tensor([[-0.5, -3.0]]), ref, mask).item() > 0.05

@@ -1,0 +1,87 @@
+"""The log-prob check never rejects an honest node and always catches a forger.
+
+Real parts: the learner's default model at several versions, the node's torch
+backend sampling from the published weights, the learner's recompute.
+"""
+
+import dataclasses
+import random
+
+import torch
+
+from echo_learner.model import ModelShape, build_model, config_json
+from echo_learner.trainer import Objective, Trainer
+from echo_learner.verify import BAD_LOGPROBS, TOLERANCE, check_logprobs, logprob_error
+from echo_node.backend_torch import TorchBackend
+from protocol.messages import UNSIGNED, Completion, RolloutBatch, RolloutGroup
+from tests.protocol.samples import NODE
+
+GROUP = 16
+PROMPTS_PER_BATCH = 4
+
+
+def versions(n):
+    """Policies that differ like successive versions do, sharpened so some
+    tokens are near-certain and others unlikely (the hard cases for a tolerance)."""
+    for seed in range(n):
+        model = build_model(ModelShape(seed=seed))
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1.0 + seed)
+        yield model.eval()
+
+
+def sample_batches(model, rng, batches, max_new_tokens):
+    backend = TorchBackend(threads=1)
+    trainer = Trainer(model, lr=0.0, objective=Objective(0.2, 3.0, 0.0), pad_id=256)
+    backend.load(config_json(model), trainer.weights())
+    for _ in range(batches):
+        prompts = [
+            (257, *(rng.randrange(97, 101) for _ in range(rng.randint(1, 12))), 61)
+            for _ in range(PROMPTS_PER_BATCH)
+        ]
+        groups = backend.generate(prompts, GROUP, max_new_tokens, 1.0, (258,))
+        batch = RolloutBatch(
+            "reverse-test", 0, NODE.peer_id_str, b"n" * 16, "torch", "f32", 1,
+            tuple(
+                RolloutGroup(i, tuple(Completion(s.tokens, s.logprobs) for s in g))
+                for i, g in enumerate(groups)
+            ),
+            UNSIGNED,
+        )
+        yield prompts, batch
+
+
+def test_thousands_of_honest_rollouts_have_zero_false_rejects():
+    rng = random.Random(0)
+    rollouts, worst = 0, 0.0
+    for model in versions(3):
+        for prompts, batch in sample_batches(model, rng, batches=12, max_new_tokens=24):
+            error = logprob_error(model, prompts, batch, pad_id=256)
+            worst = max(worst, error)
+            assert check_logprobs(error, "f32") is None, error
+            rollouts += sum(len(g.completions) for g in batch.groups)
+    assert rollouts >= 2000
+    print(f"honest rollouts {rollouts}, worst |node - learner| log-prob {worst:.2e}")
+    assert worst < TOLERANCE["f32"] / 10  # a wide margin, not a near miss
+
+
+def test_forged_logprobs_are_caught():
+    model = next(versions(1))
+    prompts, honest = next(sample_batches(model, random.Random(1), 1, max_new_tokens=8))
+    group = honest.groups[0]
+    first = group.completions[0]
+
+    def forge(completion):
+        return dataclasses.replace(
+            honest, groups=(dataclasses.replace(group, completions=(completion, *group.completions[1:])),)
+        )
+
+    # Claiming a sampled token was less likely than it was inflates its
+    # importance weight; claiming uniform log-probs hides the real policy.
+    lowered = Completion(first.tokens, (first.logprobs[0] - 0.05, *first.logprobs[1:]))
+    uniform = Completion(first.tokens, tuple(-5.56 for _ in first.tokens))
+    for forged in (forge(lowered), forge(uniform)):
+        error = logprob_error(model, prompts[:1], forged, pad_id=256)
+        assert check_logprobs(error, "f32") == BAD_LOGPROBS
+    assert check_logprobs(logprob_error(model, prompts[:1], honest, pad_id=256), "f32") is None

@@ -1,0 +1,191 @@
+"""Dishonest nodes against a real learner process, beside honest node processes.
+
+Each adversary is the real node code (in this test's process) with one
+dishonesty added after an honest generation: forged log-probs, a replayed
+batch, prompts it was not given, a version outside the window, garbage and
+oversized frames, another node's id. Each must be refused with its own reason
+and earn no credit, the forger must end up banned, and the honest nodes must
+never see a refusal.
+"""
+
+import dataclasses
+import json
+import os
+import sqlite3
+import struct
+
+import pytest
+import trio
+
+from echo_learner.verify import (
+    BAD_LOGPROBS,
+    MALFORMED,
+    NOT_ASSIGNED,
+    OUT_OF_WINDOW,
+    REPLAYED,
+    WRONG_SIGNER,
+)
+from echo_node.config import NodeConfig
+from echo_node.node import Node
+from protocol import framing
+from protocol.identity import load_or_create, verify
+from protocol.ids import ROLLOUT_PROTOCOL, WORK_PROTOCOL
+from protocol.messages import UNSIGNED, Completion, ErrorReply, NoWork, Receipt, WorkAssignment, WorkRequest
+from protocol.rpc import request
+
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+
+
+def resign(node, batch, **changes):
+    return node.identity.sign(dataclasses.replace(batch, signature=UNSIGNED, **changes))
+
+
+def forge(node, batch, work):
+    """Three batches whose log-probs claim every token was less likely than it was."""
+    out = []
+    for _ in range(3):
+        groups = tuple(
+            dataclasses.replace(g, completions=tuple(
+                Completion(c.tokens, tuple(max(lp - 0.5, -1e4) for lp in c.logprobs)) for c in g.completions
+            ))
+            for g in batch.groups
+        )
+        out.append(resign(node, batch, groups=groups, nonce=os.urandom(16)))
+    return out
+
+
+def replay(node, batch, work):
+    return [batch, batch]
+
+
+def unassigned(node, batch, work):
+    groups = tuple(dataclasses.replace(g, prompt_id=10**9 + i) for i, g in enumerate(batch.groups))
+    return [resign(node, batch, groups=groups)]
+
+
+def out_of_window(node, batch, work):
+    return [resign(node, batch, version=work.version + 10)]
+
+
+class Adversary(Node):
+    def __init__(self, config, identity, attack, victim=""):
+        super().__init__(config, identity)
+        self.attack = attack
+        self.victim = victim
+        self.replies = []
+        self.done = trio.Event()
+
+    async def roll_out(self, work: WorkAssignment) -> None:
+        if self.done.is_set():
+            await trio.sleep_forever()
+        honest = await self.make_batch(work)
+        if self.attack == "impersonate":
+            # Claims to be the victim; can only sign with its own key.
+            batches = [resign(self, honest, peer_id=self.victim)]
+        elif self.attack == "garbage":
+            batches = []
+            for frame in (b"\xc1" * 64, None):
+                self.replies.append(await self.raw_send(frame))
+        else:
+            batches = self.attack(self, honest, work)
+        for batch in batches:
+            self.replies.append(await self.submit(batch))
+        self.done.set()
+
+    async def raw_send(self, body):
+        """A garbage frame, or (body None) a length prefix far over any limit."""
+        stream = await self.swarm.host.new_stream(self.learner, [ROLLOUT_PROTOCOL])
+        try:
+            header = struct.pack(">I", 0x7FFF_FFFF if body is None else len(body))
+            await stream.write(header + (body or b""))
+            return await framing.receive(stream, ErrorReply)
+        finally:
+            await stream.close()
+
+
+ATTACKS = {
+    "forge": (forge, [BAD_LOGPROBS] * 3),
+    "replay": (replay, ["ok", REPLAYED]),
+    "unassigned": (unassigned, [NOT_ASSIGNED]),
+    "window": (out_of_window, [OUT_OF_WINDOW]),
+    "impersonate": ("impersonate", [WRONG_SIGNER]),
+    "garbage": ("garbage", [MALFORMED, MALFORMED]),
+}
+
+
+@pytest.mark.timeout(600)
+async def test_dishonest_nodes_are_refused_and_honest_ones_are_not(swarm_factory):
+    swarm = swarm_factory
+    boot = await trio.to_thread.run_sync(swarm.start_bootstrap)
+    learner = swarm.start_learner("--mode", "async", "--staleness", "1", "--steps", "100000")
+    for i in range(2):
+        swarm.start_node(i)
+    victim = load_or_create(swarm.root / "node0" / "identity.key").peer_id_str  # node0 reads this key
+    adversaries = {}
+    for name, (attack, _) in ATTACKS.items():
+        config = NodeConfig(bootstrap=[boot], listen=[LOOPBACK], data_dir=swarm.root / f"adv-{name}")
+        identity = load_or_create(config.identity_path)
+        adversaries[name] = Adversary(config, identity, attack, victim)
+
+    with trio.fail_after(400):
+        async with trio.open_nursery() as nursery:
+            for adv in adversaries.values():
+                nursery.start_soon(adv.run)
+            for adv in adversaries.values():
+                await adv.done.wait()
+            # The forger struck three times: it is banned from work too.
+            forger = adversaries["forge"]
+            reply = await request(
+                forger.swarm.host, forger.learner, WORK_PROTOCOL,
+                WorkRequest(forger.job_id, 4, forger.version, "torch", "f32"),
+                WorkAssignment, NoWork, ErrorReply, timeout_s=30,
+            )
+            assert isinstance(reply, ErrorReply) and reply.code == "banned"
+            nursery.cancel_scope.cancel()
+
+    # Let the honest nodes work past the attacks, then stop everything.
+    await trio.to_thread.run_sync(lambda: _wait_for_steps(swarm, 30, learner))
+    codes = await trio.to_thread.run_sync(swarm.stop_all)
+    assert set(codes.values()) == {0}, codes
+
+    learner_id = json.loads((swarm.root / "learner" / "config.json").read_text()) and None
+    for name, adv in adversaries.items():
+        expected = ATTACKS[name][1]
+        got = [r.reason if isinstance(r, Receipt) else r.code for r in adv.replies]
+        assert got == expected, (name, got)
+        for r in adv.replies:
+            if isinstance(r, Receipt):
+                verify(r, adv.learner.to_base58())
+                learner_id = r.learner_id
+                assert (r.credit > 0) == (r.reason == "ok")
+
+    db = sqlite3.connect(swarm.root / "learner" / "ledger.sqlite")
+    for name, adv in adversaries.items():
+        rows = db.execute(
+            "SELECT reason, credit FROM verdicts WHERE peer = ? ORDER BY id", (adv.me,)
+        ).fetchall()
+        assert [r for r, _ in rows] == ATTACKS[name][1], name
+        assert all(credit == 0 for reason, credit in rows if reason != "ok"), name
+    # The impersonated node was not charged with the forgery, and no honest
+    # node was ever refused.
+    for i in range(2):
+        lines = (swarm.root / f"node{i}" / "receipts.jsonl").read_text().splitlines()
+        verdicts = [json.loads(line)["verdict"] for line in lines]
+        assert verdicts and set(verdicts) == {"accepted"}, (i, verdicts[-5:])
+    (honest_refused,) = db.execute(
+        "SELECT COUNT(*) FROM verdicts WHERE verdict = 'refused' AND peer NOT IN (%s)"
+        % ",".join("?" * len(adversaries)),
+        [a.me for a in adversaries.values()],
+    ).fetchone()
+    assert honest_refused == 0
+    assert learner_id is not None
+
+
+def _wait_for_steps(swarm, steps, learner):
+    import time
+
+    deadline = time.monotonic() + 300
+    while len(swarm.metrics()) < steps:
+        assert learner.poll() is None, (swarm.root / "learner.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, "learner did not reach the steps"
+        time.sleep(0.5)  # polling the learner's metrics file
