@@ -20,6 +20,7 @@ learner busy is ``B / (train + publish / K)``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -57,7 +58,14 @@ def forecast(
     else:
         period = max(busy, generate_s, (broadcast_s + cycle_s) / (publish_every * staleness))
     utilization = min(1.0, train_s / period) if period > 0 else 0.0
-    if supply_rps <= 0:
+    trip_bound = staleness > 0 and period > max(busy, generate_s)
+    if trip_bound:
+        k = math.ceil((broadcast_s + cycle_s) / (staleness * busy))
+        verdict = (
+            f"versions spread slower than the staleness window allows: "
+            f"publish every {k} steps (--publish-every) or raise --staleness"
+        )
+    elif supply_rps <= 0:
         verdict = "no rollout throughput measured yet"
     elif supply_rps >= needed:
         verdict = f"enough rollout throughput ({supply_rps / needed:.1f}x what keeps the learner busy)"

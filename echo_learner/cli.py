@@ -101,6 +101,11 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
     from protocol.runtime import run_until_signal
     from protocol.swarm import BootstrapUnreachable
 
+    # Checked before anything is written to the data dir.
+    if config.resume and not config.checkpoint_path.exists():
+        fail(PROG, f"no checkpoint at {config.checkpoint_path}: nothing to resume")
+    if not config.resume and not config.fresh and config.checkpoint_path.exists():
+        fail(PROG, str(StartError.existing_run(config.data_dir)))
     identity = load_or_exit(PROG, config.identity_path)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     (config.data_dir / "config.json").write_text(json.dumps(as_dict(config), indent=2))

@@ -61,6 +61,13 @@ HISTORY_STEPS = 5000  # step records kept in memory for the status API
 class StartError(RuntimeError):
     """The data dir and the flags disagree (e.g. a checkpoint but no --resume)."""
 
+    @classmethod
+    def existing_run(cls, data_dir: object) -> StartError:
+        return cls(
+            f"{data_dir} holds a checkpoint; pass --resume to continue that run "
+            "or --fresh to start a new one (the ledger is kept either way)"
+        )
+
 
 class Learner:
     def __init__(self, config: LearnerConfig, identity: Identity):
@@ -193,10 +200,7 @@ class Learner:
             event(log, logging.WARNING, "resumed from checkpoint", step=self.step,
                   checkpoint_version=state["version"], next_version=first_version)
         elif has_checkpoint and not cfg.fresh:
-            raise StartError(
-                f"{cfg.data_dir} holds a checkpoint; pass --resume to continue that run "
-                "or --fresh to start a new one (the ledger is kept either way)"
-            )
+            raise StartError.existing_run(cfg.data_dir)
         return first_version
 
     async def announce(self) -> None:
@@ -243,20 +247,24 @@ class Learner:
             bar.update(1)
         bar.close()
 
-    def capacity(self) -> Forecast:
+    def capacity_inputs(self) -> dict:
+        """What the capacity model is fed now (``echo_learner.capacity.forecast``'s arguments)."""
         cfg = self.config
         active = self.peers.active(within_s=cfg.capacity_window_s)
         cycles = [p.cycle_s for p in active if p.cycle_s > 0]
-        return forecast(
-            staleness=cfg.window,
-            publish_every=1 if cfg.mode == "sync" else cfg.publish_every,
-            rollouts_per_step=cfg.prompts_per_step * cfg.group_size,
-            train_s=self.meter.train_s,
-            publish_s=self.meter.publish_s,
-            broadcast_s=self.meter.broadcast_s,
-            cycle_s=sum(cycles) / len(cycles) if cycles else 0.0,
-            supply_rps=sum(p.rate for p in active),
-        )
+        return {
+            "staleness": cfg.window,
+            "publish_every": 1 if cfg.mode == "sync" else cfg.publish_every,
+            "rollouts_per_step": cfg.prompts_per_step * cfg.group_size,
+            "train_s": round(self.meter.train_s, 4),
+            "publish_s": round(self.meter.publish_s, 4),
+            "broadcast_s": round(self.meter.broadcast_s, 4),
+            "cycle_s": round(sum(cycles) / len(cycles), 4) if cycles else 0.0,
+            "supply_rps": round(sum(p.rate for p in active), 3),
+        }
+
+    def capacity(self) -> Forecast:
+        return forecast(**self.capacity_inputs())
 
     def _write_metrics(self, stats: StepStats, staleness: float) -> None:
         c = self.ingest.counters
@@ -275,8 +283,8 @@ class Learner:
             "batches_refused": c.batches_refused,
             "contributors": len(self.ingest.contributors),
             "utilization": round(self.meter.utilization(), 4),
-            **self.meter.measurements(),
-            "supply_rollouts_per_s": round(self.capacity().supply_rollouts_per_s, 3),
+            "capacity": self.capacity_inputs(),
+            "predicted_utilization": round(self.capacity().utilization, 4),
         }
         self.history.append(record)
         with open(self.config.metrics_path, "a") as f:

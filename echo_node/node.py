@@ -25,7 +25,7 @@ from libp2p.peer.peerinfo import PeerInfo
 
 from echo_node.backend_torch import TorchBackend
 from echo_node.config import NodeConfig
-from echo_node.weights import download
+from echo_node.weights import download_newer
 from protocol import codec
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
 from protocol.broadcast.store import VersionStore
@@ -187,9 +187,10 @@ class Node:
             self._wanted = reply.version
             self._wanted_changed.set()
         if self.version < reply.min_version:
-            # What we hold is outside the learner's window: wait for the newest.
-            if not await self.update_weights(reply.version):
-                return  # a newer version superseded it: ask again
+            # What we hold is outside the learner's window: fetch first.
+            await self.update_weights(reply.version)
+            if self.version < reply.min_version:
+                return  # still too old (the window moved meanwhile): ask again
         # Otherwise work with what we hold while _follow_versions fetches the
         # newest (async mode: the broadcast overlaps generation).
         await self.roll_out(reply)
@@ -207,23 +208,23 @@ class Node:
                 event(log, logging.INFO, "could not fetch a newer version yet", error=exc)
                 await trio.sleep(self.config.retry_s)  # backoff before asking again
 
-    async def update_weights(self, version: int) -> bool:
-        """Fetch and load ``version`` (or newer); False if a newer one superseded it meanwhile."""
+    async def update_weights(self, version: int) -> None:
+        """Fetch the learner's newest version (at least ``version``) and load the
+        newest complete one, which may be an older one finished first."""
         assert self.swarm is not None and self.learner is not None and self.engine is not None
         async with self._update_lock:
             if self.version >= version:
-                return True
+                return
             manifest = await self.engine.fetch_manifest(self.learner.to_base58())
             if manifest.version < version:
                 raise RequestFailed(f"learner offers v{manifest.version} but assigned v{version}")
-            if not await download(self.engine, manifest):
-                return False
-            weights = await trio.to_thread.run_sync(self.engine.store.assemble, manifest.version)
+            newest = await download_newer(self.engine, manifest, self.version)
+            loaded = self.engine.store.manifests[newest]
+            weights = await trio.to_thread.run_sync(self.engine.store.assemble, newest)
             async with self._backend_lock:  # never swap weights under a running generation
-                await trio.to_thread.run_sync(self.backend.load, manifest.model_config, weights)
-                self.version = manifest.version
-            event(log, logging.INFO, "loaded weights", version=manifest.version)
-            return manifest.version == version
+                await trio.to_thread.run_sync(self.backend.load, loaded.model_config, weights)
+                self.version = newest
+            event(log, logging.INFO, "loaded weights", version=newest)
 
     async def roll_out(self, work: WorkAssignment) -> None:
         batch = await self.make_batch(work)

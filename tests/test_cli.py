@@ -7,6 +7,7 @@ import pytest
 
 from localswarm import local_swarm
 
+DEAD = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWDqyh47JhwjZcD483yJfGRvEFHTKUeeMpc5XJpE6skuCW"
 COMMANDS = {
     "echo_node": ["join"],
     "echo_learner": ["run"],
@@ -36,6 +37,14 @@ def test_help_explains(module):
         (["echo_learner", "run", "--steps", "many"], "not a valid int"),
         (["echo_learner", "run", "--task", "chess"], "invalid choice"),
         (["bootstrap", "--listen", "/ip4/nonsense"], "not a multiaddr"),
+        (["echo_learner", "run", "--mode", "eventually"], "invalid choice"),
+        (["echo_learner", "run", "--staleness", "0"], "outside"),
+        (["echo_learner", "run", "--resume"], "no checkpoint at"),
+        (["echo_learner", "status"], "no running learner found"),
+        (["echo_learner", "peers"], "no running learner found"),
+        (["echo_learner", "ledger"], "cannot read the ledger"),
+        (["echo_learner", "export", "/tmp/echo-export-never-written"], "no checkpoint at"),
+        (["echo_node", "credits", "--bootstrap", DEAD], "no node identity"),
     ],
 )
 def test_bad_arguments_give_one_line(args, message, tmp_path):
@@ -54,8 +63,7 @@ def test_node_with_bad_bootstrap_address(tmp_path):
 
 
 def test_node_with_unreachable_bootstrap(tmp_path):
-    dead = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWDqyh47JhwjZcD483yJfGRvEFHTKUeeMpc5XJpE6skuCW"
-    out = run("echo_node", "join", "--bootstrap", dead, "--data-dir", str(tmp_path),
+    out = run("echo_node", "join", "--bootstrap", DEAD, "--data-dir", str(tmp_path),
               "--bootstrap-timeout-s", "2")
     assert out.returncode == 2
     assert "no bootstrap peer answered" in out.stderr
@@ -70,3 +78,28 @@ def test_bootstrap_identity_survives_restart(tmp_path):
             assert swarm.stop("bootstrap") == 0  # Ctrl-C is a clean exit
     assert ids[0] == ids[1]
     assert (tmp_path / "bootstrap.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_learner_refuses_to_overwrite_a_run_without_resume_or_fresh(tmp_path):
+    (tmp_path / "checkpoint.pt").write_bytes(b"a previous run")
+    out = run("echo_learner", "run", "--data-dir", str(tmp_path), "--listen", "/ip4/127.0.0.1/tcp/0")
+    assert out.returncode == 2
+    assert "--resume" in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert (tmp_path / "checkpoint.pt").read_bytes() == b"a previous run"  # untouched
+    out = run("echo_learner", "run", "--data-dir", str(tmp_path), "--resume")
+    assert out.returncode == 2, out.stderr
+    assert "unreadable checkpoint" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_export_refuses_a_non_empty_directory(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    out = run("echo_learner", "export", str(tmp_path / "out"), "--data-dir", str(tmp_path))
+    assert out.returncode == 2 and "not empty" in out.stderr
+    assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("command", ["status", "peers", "ledger", "export"])
+def test_learner_reader_commands_explain_themselves(command):
+    out = run("echo_learner", command, "--help")
+    assert out.returncode == 0 and "--data-dir" in out.stdout

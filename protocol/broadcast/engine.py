@@ -121,6 +121,7 @@ class BroadcastEngine:
         self.stats = Stats()
         self.neighbours: dict[str, Have | None] = {}  # peer -> its latest Have
         self.download: Download | None = None
+        self._queued: Manifest | None = None  # the newest version, once the current one is done
         self.target: Manifest | None = store.newest()
         self.server = ChunkServer(self)
         # Idle chunk streams per peer, reused request after request: a fresh
@@ -167,33 +168,54 @@ class BroadcastEngine:
         self._poke_local()
 
     def want(self, manifest: Manifest) -> None:
-        """Download ``manifest``'s version if it is newer than what we follow."""
-        if self.target is not None and manifest.version < self.target.version:
+        """Download ``manifest``'s version if it is newer than what we follow.
+
+        A download at least half done is finished first and the newest version
+        queued behind it: when versions come faster than one broadcast takes
+        (async training), switching at every announcement would never complete
+        any, while a finished older version is still inside the learner's
+        staleness window.
+        """
+        newest = self.newest_wanted()
+        if newest is not None and manifest.version < newest.version:
             return
-        if self.target is not None and manifest.version == self.target.version:
-            if manifest_digest(manifest) == manifest_digest(self.target):
+        if newest is not None and manifest.version == newest.version:
+            if manifest_digest(manifest) == manifest_digest(newest):
                 return
         self.store.add_manifest(manifest)
+        if self._finishing_first():
+            self._queued = manifest
+            self._poke_local()
+            return
         self._start_download(manifest)
 
+    def newest_wanted(self) -> Manifest | None:
+        return self._queued if self._queued is not None else self.target
+
+    def _finishing_first(self) -> bool:
+        m = self.target
+        if m is None or self.is_seed or self.download is None:
+            return False
+        held, n = len(self.store.chunks_held(m.version)), len(m.chunk_hashes)
+        return held < n and 2 * held >= n
+
     def superseded(self, version: int) -> bool:
-        return self.target is not None and self.target.version > version
+        newest = self.newest_wanted()
+        return newest is not None and newest.version > version
 
-    async def wait_complete(
-        self, version: int, on_progress: Callable[[int, int], None] | None = None
-    ) -> bool:
-        """Wait until every chunk of ``version`` is on disk and verified (True),
-        or a newer version replaced it as the one to fetch (False).
+    def newest_complete(self) -> int:
+        """The newest version held in full (-1: none)."""
+        return max((v for v in self.store.manifests if self.store.complete(v)), default=-1)
 
-        ``on_progress(chunks_held, peers)`` is called as chunks arrive.
-        """
+    async def wait_newer(self, held: int, on_progress: Callable[[int, int], None] | None = None) -> int:
+        """Wait until a version newer than ``held`` is complete; the newest complete one."""
         while True:
-            if on_progress is not None:
-                on_progress(len(self.store.chunks_held(version)), len(self.neighbours))
-            if self.store.complete(version):
-                return True
-            if self.superseded(version):
-                return False
+            m = self.target
+            if on_progress is not None and m is not None:
+                on_progress(len(self.store.chunks_held(m.version)), len(self.neighbours))
+            newest = self.newest_complete()
+            if newest > held:
+                return newest
             await self._progress.wait()
 
     async def wait_progress(self) -> None:
@@ -290,7 +312,8 @@ class BroadcastEngine:
             self.neighbours[peer] = have
             if self.have_listener is not None:
                 self.have_listener(peer, have)
-            if self.target is None or have.version > self.target.version:
+            newest = self.newest_wanted()
+            if newest is None or have.version > newest.version:
                 self._learn_version(peer, have.version)
             self._apply_have(peer, have)
 
@@ -381,6 +404,9 @@ class BroadcastEngine:
             d.on_done(peer, idx)
             if self.store.complete(m.version):
                 self.stats.completed_at.setdefault(m.version, time.time())
+                queued, self._queued = self._queued, None
+                if queued is not None and queued.version > m.version:
+                    self._start_download(queued)
             self._poke_local()
         else:
             if outcome == "bad":

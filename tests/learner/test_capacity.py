@@ -1,0 +1,31 @@
+"""The capacity model's forecast in each regime."""
+
+import pytest
+
+from echo_learner.capacity import forecast
+
+BASE = dict(rollouts_per_step=256, train_s=0.2, publish_s=0.04, broadcast_s=1.0, cycle_s=0.3)
+
+
+def test_sync_pays_for_broadcast_and_generation_every_step():
+    f = forecast(staleness=0, publish_every=1, supply_rps=512, **BASE)
+    assert f.utilization == pytest.approx(0.2 / (0.2 + 0.04 + 1.0 + 0.5))
+
+
+def test_async_with_ample_supply_and_a_wide_window_keeps_the_learner_busy():
+    f = forecast(staleness=2, publish_every=4, supply_rps=5000, **BASE)
+    assert f.utilization == pytest.approx(0.2 / 0.21)
+    assert f.verdict.startswith("enough rollout throughput")
+
+
+def test_async_starved_of_rollouts_says_how_much_more_it_needs():
+    f = forecast(staleness=2, publish_every=4, supply_rps=400, **BASE)
+    assert f.utilization == pytest.approx(0.2 / (256 / 400))
+    assert f.needed_rollouts_per_s == pytest.approx(256 / 0.21)
+    assert "needs 3.0x more" in f.verdict
+
+
+def test_async_whose_window_is_shorter_than_a_broadcast_recommends_publishing_less_often():
+    f = forecast(staleness=2, publish_every=1, supply_rps=5000, **BASE)
+    assert f.utilization == pytest.approx(0.2 / (1.3 / 2))
+    assert "publish every 3 steps" in f.verdict
