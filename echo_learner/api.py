@@ -37,6 +37,8 @@ MAX_REQUEST_BYTES = 16 * 1024
 CONNECTION_DEADLINE_S = 10.0
 MAX_CONNECTIONS = 32
 MAX_LIMIT = 5000
+LINGER_S = 1.0
+MAX_LINGER_BYTES = 256 * 1024
 
 
 class NotFound(Exception):
@@ -88,15 +90,21 @@ def respond(table: dict[str, Callable[[dict[str, list[str]]], Any]], method: str
         return 404, json.dumps({"error": str(exc)}).encode()
     except BadRequest as exc:
         return 400, json.dumps({"error": str(exc)}).encode()
+    except Exception as exc:  # a bug in a route must never stop the learner
+        event(log, logging.WARNING, "status API error", path=url.path, error=repr(exc))
+        return 500, json.dumps({"error": "internal error"}).encode()
 
 
 async def _handle(stream: trio.SocketStream, table: dict) -> None:
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_BYTES)
     while True:
-        event_ = conn.next_event()
+        try:
+            event_ = conn.next_event()
+        except h11.RemoteProtocolError as exc:  # malformed or oversized: say so, then close
+            status, body = exc.error_status_hint, json.dumps({"error": str(exc)}).encode()
+            break
         if event_ is h11.NEED_DATA:
-            data = await stream.receive_some(MAX_REQUEST_BYTES)
-            conn.receive_data(data)
+            conn.receive_data(await stream.receive_some(MAX_REQUEST_BYTES))
             continue
         if isinstance(event_, h11.Request):
             status, body = respond(table, event_.method.decode(), event_.target.decode("latin-1"))
@@ -111,6 +119,22 @@ async def _handle(stream: trio.SocketStream, table: dict) -> None:
     await stream.send_all(conn.send(h11.Response(status_code=status, headers=headers)))
     await stream.send_all(conn.send(h11.Data(data=body)))
     await stream.send_all(conn.send(h11.EndOfMessage()))
+    if status >= 400:
+        await _linger(stream)
+
+
+async def _linger(stream: trio.SocketStream) -> None:
+    """Read (a bounded amount of) what the client is still sending before
+    closing: closing with unread bytes makes the kernel send a reset, which can
+    destroy our error response before the client reads it (RFC 9112, 9.6)."""
+    await stream.send_eof()
+    drained = 0
+    with trio.move_on_after(LINGER_S):
+        while drained < MAX_LINGER_BYTES:
+            data = await stream.receive_some(MAX_REQUEST_BYTES)
+            if not data:
+                return
+            drained += len(data)
 
 
 async def serve_api(
@@ -127,7 +151,7 @@ async def serve_api(
             with trio.move_on_after(CONNECTION_DEADLINE_S):
                 try:
                     await _handle(stream, table)
-                except (h11.RemoteProtocolError, trio.BrokenResourceError) as exc:
+                except (h11.ProtocolError, trio.BrokenResourceError) as exc:
                     event(log, logging.DEBUG, "bad http request", error=exc)
 
     task_status.started(f"http://{host}:{bound_port}/")

@@ -37,7 +37,7 @@ from echo_learner.verify import (
     logprob_error,
 )
 from protocol import codec, framing
-from protocol.errors import ProtocolError
+from protocol.errors import ProtocolError, StreamClosed
 from protocol.identity import Identity
 from protocol.logs import event
 from protocol.messages import (
@@ -161,6 +161,8 @@ class Ingest:
         sender = remote_peer(stream)
         try:
             batch = await framing.receive(stream, RolloutBatch)
+        except StreamClosed:
+            raise  # a sender that died mid-frame: nothing was submitted, no verdict
         except ProtocolError as exc:
             self._record_malformed(sender, exc)
             await framing.send(stream, ErrorReply(MALFORMED, str(exc)[:400]))
@@ -216,7 +218,10 @@ class Ingest:
         else:
             self.counters.batches_refused += 1
             event(log, logging.INFO, "refused batch", peer=sender, reason=reason, version=batch.version)
-        self.peers.on_verdict(sender, receipt.reason, rollouts, receipt.tokens, cycle_s)
+        # generate_ms is the node's own word; it only feeds the capacity forecast.
+        self.peers.on_verdict(
+            sender, receipt.reason, rollouts, receipt.tokens, cycle_s, batch.generate_ms / 1000
+        )
         await framing.send(stream, receipt)
 
     async def _verify(self, batch: RolloutBatch, sender: str) -> str | None:
@@ -266,7 +271,7 @@ class Ingest:
             Row(bytes(32), sender, 0, b"", 0, 0, "refused", MALFORMED, 0.0, now_ms(), b"")
         )
         self.counters.batches_refused += 1
-        self.peers.on_verdict(sender, MALFORMED, 0, 0, None)
+        self.peers.on_verdict(sender, MALFORMED, 0, 0)
         event(log, logging.INFO, "refused batch", peer=sender, reason=MALFORMED, error=exc)
 
     # --- receipts --------------------------------------------------------------------

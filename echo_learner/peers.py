@@ -29,8 +29,13 @@ class PeerStats:
     refused: int = 0
     rollouts: int = 0  # accepted
     tokens: int = 0  # accepted
-    rate: float = 0.0  # rollouts/s over a work cycle (assignment -> verdict), averaged
+    # Throughput while working: rollouts per (generation time the node reports
+    # + the smallest recent assignment -> verdict overhead beyond it). Cycles
+    # that include fetching a new version are thereby left out: that wait is
+    # the broadcast's, which the capacity model counts separately.
+    rate: float = 0.0
     cycle_s: float = 0.0
+    overheads: deque[float] = field(default_factory=lambda: deque(maxlen=16))
     last_reason: str = ""
     strikes: deque[float] = field(default_factory=deque)
     banned_until: float = 0.0
@@ -50,6 +55,10 @@ class PeerStats:
             "last_reason": self.last_reason,
             "banned_for_s": round(max(0.0, self.banned_until - now), 1),
         }
+
+
+def _avg(old: float, new: float) -> float:
+    return new if old == 0 else (1 - EWMA) * old + EWMA * new
 
 
 class PeerBook:
@@ -75,7 +84,15 @@ class PeerBook:
         stats = self.seen(peer)
         stats.backend, stats.dtype, stats.held_version = backend, dtype, held_version
 
-    def on_verdict(self, peer: str, reason: str, rollouts: int, tokens: int, cycle_s: float | None) -> None:
+    def on_verdict(
+        self,
+        peer: str,
+        reason: str,
+        rollouts: int,
+        tokens: int,
+        cycle_s: float | None = None,
+        generate_s: float = 0.0,
+    ) -> None:
         stats = self.seen(peer)
         stats.last_reason = reason
         if reason == ACCEPTED:
@@ -83,9 +100,10 @@ class PeerBook:
             stats.rollouts += rollouts
             stats.tokens += tokens
             if cycle_s:
-                rate = rollouts / cycle_s
-                stats.rate = rate if stats.rate == 0 else (1 - EWMA) * stats.rate + EWMA * rate
-                stats.cycle_s = cycle_s if stats.cycle_s == 0 else (1 - EWMA) * stats.cycle_s + EWMA * cycle_s
+                stats.overheads.append(max(0.0, cycle_s - generate_s))
+                work_s = max(generate_s + min(stats.overheads), 1e-3)
+                stats.rate = _avg(stats.rate, rollouts / work_s)
+                stats.cycle_s = _avg(stats.cycle_s, work_s)
             return
         stats.refused += 1
         if reason in STRIKES:

@@ -73,6 +73,13 @@ class Trainer:
             raise ValueError(f"groups of different sizes in one step: {sorted(sizes)}")
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
         advantages = group_advantages(rewards).flatten()
+        if not advantages.any():
+            # Every group scored all its completions alike: nothing to learn.
+            # An AdamW step on zero gradients would still move the weights and
+            # decay its second moments, so that the next small gradient makes
+            # an outsized update (measured: a solved task drifting back from
+            # reward 1.0 to 0.65). Skip it.
+            return StepStats(loss=0.0, kl=0.0, reward_mean=float(rewards.mean()), tokens=0)
         prompts = [g.prompt_tokens for g in groups for _ in g.completions]
         completions = [c for g in groups for c in g.completions]
         behaviour = [b for g in groups for b in g.behaviour_logprobs]

@@ -186,11 +186,10 @@ class Node:
         if reply.version > self._wanted:
             self._wanted = reply.version
             self._wanted_changed.set()
-        if self.version < reply.min_version:
-            # What we hold is outside the learner's window: fetch first.
+        while self.version < reply.min_version:
+            # What we hold is outside the learner's window: fetch first. Each
+            # pass loads a newer version (maybe one finished before the newest).
             await self.update_weights(reply.version)
-            if self.version < reply.min_version:
-                return  # still too old (the window moved meanwhile): ask again
         # Otherwise work with what we hold while _follow_versions fetches the
         # newest (async mode: the broadcast overlaps generation).
         await self.roll_out(reply)

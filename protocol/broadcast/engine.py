@@ -51,9 +51,9 @@ from protocol.swarm import Swarm, find_providers
 
 log = logging.getLogger(__name__)
 
-# Errors a request to a peer can end with; anything else is a bug.
-# What a peer that misbehaves or vanishes mid-dial can raise (py-libp2p's
-# errors share no base class below Exception). None of them may stop the engine.
+# Errors a request to a peer can end with when the peer misbehaves or vanishes
+# mid-dial (py-libp2p's errors share no base class below Exception); none may
+# stop the engine. Anything else is a bug.
 PEER_ERRORS = (ProtocolError, StreamError, SwarmException, HostException, RequestFailed, OSError)
 
 
@@ -198,10 +198,6 @@ class BroadcastEngine:
             return False
         held, n = len(self.store.chunks_held(m.version)), len(m.chunk_hashes)
         return held < n and 2 * held >= n
-
-    def superseded(self, version: int) -> bool:
-        newest = self.newest_wanted()
-        return newest is not None and newest.version > version
 
     def newest_complete(self) -> int:
         """The newest version held in full (-1: none)."""
@@ -366,6 +362,8 @@ class BroadcastEngine:
 
     def _start_download(self, m: Manifest) -> None:
         self.target = m
+        if self._queued is not None and self._queued.version <= m.version:
+            self._queued = None
         self.download = Download(
             n_chunks=len(m.chunk_hashes),
             have=set(self.store.chunks_held(m.version)),

@@ -63,3 +63,15 @@ def test_published_weights_load_into_a_node_backend():
             lp = torch.log_softmax(model(input_ids=ids).logits[0, :-1], -1)
         ref = [lp[4 + j, t].item() for j, t in enumerate(sample.tokens)]
         assert max(abs(a - b) for a, b in zip(ref, sample.logprobs)) < 1e-4
+
+
+def test_a_step_without_signal_leaves_weights_and_optimiser_alone():
+    model = build_model()
+    trainer = Trainer(model, lr=1e-2, objective=OBJ, pad_id=256)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    prompt = (257, 97, 61)
+    same = ScoredGroup(prompt, ((97, 258), (98, 258)), ((-1.0, -1.0), (-1.0, -1.0)), (1.0, 1.0))
+    stats = trainer.step([same, same])
+    assert stats.tokens == 0 and stats.reward_mean == 1.0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert trainer.optimizer.state_dict()["state"] == {}

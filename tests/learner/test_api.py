@@ -1,0 +1,69 @@
+"""The status API's HTTP layer over a real socket: routing, errors, bounds."""
+
+import json
+
+import trio
+
+from echo_learner.api import MAX_REQUEST_BYTES, BadRequest, _handle, respond
+
+
+def boom(query):
+    raise KeyError("a bug")
+
+
+def limit(query):
+    if query.get("limit") != ["3"]:
+        raise BadRequest("limit must be 3")
+    return {"ok": True}
+
+
+TABLE = {"/api/ok": lambda q: {"ok": 1, "q": q}, "/api/limit": limit, "/api/boom": boom}
+
+
+def test_respond_routes_and_maps_errors_to_status_codes():
+    assert respond(TABLE, "GET", "/api/ok?x=1") == (200, json.dumps({"ok": 1, "q": {"x": ["1"]}}).encode())
+    assert respond(TABLE, "GET", "/api/missing")[0] == 404
+    assert respond(TABLE, "POST", "/api/ok")[0] == 405
+    assert respond(TABLE, "GET", "/api/limit?limit=4")[0] == 400
+    assert respond(TABLE, "GET", "/api/boom") == (500, b'{"error": "internal error"}')
+
+
+async def _exchange(raw: bytes) -> bytes:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        async def handler(stream):
+            async with stream:
+                try:
+                    await _handle(stream, TABLE)
+                except Exception:
+                    pass  # the server logs and drops a bad request; the test reads what arrived
+        await nursery.start(trio.serve_listeners, handler, listeners)
+        client = await trio.open_tcp_stream("127.0.0.1", port)
+        await client.send_all(raw)
+        data = b""
+        with trio.fail_after(10):
+            try:
+                while chunk := await client.receive_some(65536):
+                    data += chunk
+            except trio.BrokenResourceError:
+                pass  # the server closed with our unread excess: a reset after its answer
+        nursery.cancel_scope.cancel()
+    return data
+
+
+async def test_a_real_request_gets_json():
+    reply = await _exchange(b"GET /api/ok HTTP/1.1\r\nHost: x\r\n\r\n")
+    head, body = reply.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200") and b"application/json" in head
+    assert json.loads(body) == {"ok": 1, "q": {}}
+
+
+async def test_an_oversized_request_is_refused():
+    reply = await _exchange(b"GET /api/ok HTTP/1.1\r\nX-Big: " + b"a" * (2 * MAX_REQUEST_BYTES) + b"\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 431")
+
+
+async def test_garbage_gets_a_400():
+    reply = await _exchange(b"\x00\x01 not http\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 400")
