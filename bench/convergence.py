@@ -78,7 +78,7 @@ def run(mode: str, args: argparse.Namespace, root: Path) -> list[dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-s", type=float, default=900, help="learner seconds per mode (900)")
+    parser.add_argument("--budget-s", type=float, default=300, help="learner seconds per mode (300)")
     parser.add_argument("--nodes", type=int, default=3, help="volunteer nodes (3)")
     parser.add_argument("--staleness", type=int, default=2, help="async staleness bound S (2)")
     parser.add_argument("--publish-every", type=int, default=PUBLISH_EVERY,

@@ -8,14 +8,17 @@ and the learner's busy fraction. Each node's rollout throughput comes from
 
 - sync: a step waits for the version to spread and for a whole batch to be
   generated with it, so ``period = train + publish + broadcast + B / R``.
-- async, staleness S, publish every K steps: generation overlaps training.
-  The learner is starved if rollouts arrive slower than it consumes them
-  (``B / R``) or if a rollout's trip (broadcast + work cycle) spans more than
-  the S versions the window allows, which happens in ``K * S`` steps:
-  ``period = max(train + publish / K, B / R, (broadcast + cycle) / (K * S))``.
+- async, staleness S, publish every K steps: generation overlaps training,
+  so the learner's own compute per step is training plus verifying the next
+  B rollouts (the log-prob recompute; in sync mode it hides in the wait for
+  rollouts) plus a K-th of a publish. The learner is starved if rollouts
+  arrive slower than it consumes them (``B / R``) or if a rollout's trip
+  (broadcast + work cycle) spans more than the S versions the window allows,
+  which happens in ``K * S`` steps:
+  ``period = max(train + verify + publish / K, B / R, (broadcast + cycle) / (K * S))``.
 
 Utilization is ``train / period``; the rollout rate needed to keep the
-learner busy is ``B / (train + publish / K)``.
+learner busy is ``B / (train + verify + publish / K)``.
 """
 
 from __future__ import annotations
@@ -45,12 +48,13 @@ def forecast(
     publish_every: int,
     rollouts_per_step: int,
     train_s: float,
+    verify_s: float,
     publish_s: float,
     broadcast_s: float,
     cycle_s: float,
     supply_rps: float,
 ) -> Forecast:
-    busy = train_s + publish_s / publish_every
+    busy = train_s + publish_s / publish_every + (verify_s if staleness > 0 else 0.0)
     needed = rollouts_per_step / busy if busy > 0 else 0.0
     generate_s = rollouts_per_step / supply_rps if supply_rps > 0 else float("inf")
     if staleness == 0:
@@ -81,6 +85,7 @@ class CapacityMeter:
         self.train_s = 0.0
         self.publish_s = 0.0
         self.broadcast_s = 0.0
+        self.verify_s_per_rollout = 0.0
         self._busy: deque[tuple[float, float]] = deque()  # (start, end) of train steps
         self._published: dict[int, float] = {}  # version -> monotonic time
         self._arrived: set[tuple[str, int]] = set()
@@ -94,6 +99,10 @@ class CapacityMeter:
         self._busy.append((start, end))
         while self._busy and self._busy[0][1] < end - self.window_s:
             self._busy.popleft()
+
+    def on_verify(self, seconds: float, rollouts: int) -> None:
+        """The log-prob recompute of one batch took ``seconds``."""
+        self.verify_s_per_rollout = self._avg(self.verify_s_per_rollout, seconds / max(rollouts, 1))
 
     def on_publish(self, version: int, start: float, end: float) -> None:
         self.publish_s = self._avg(self.publish_s, end - start)
@@ -122,4 +131,5 @@ class CapacityMeter:
             "train_s": round(self.train_s, 4),
             "publish_s": round(self.publish_s, 4),
             "broadcast_s": round(self.broadcast_s, 4),
+            "verify_s_per_rollout": round(self.verify_s_per_rollout, 6),
         }

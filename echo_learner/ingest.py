@@ -240,10 +240,12 @@ class Ingest:
             return OUT_OF_WINDOW
         prompts = [self.pool.lookup(g.prompt_id).tokens for g in batch.groups]  # type: ignore[union-attr]
         self._verifying.add(key)
+        started = time.monotonic()
         try:
             error = await trio.to_thread.run_sync(logprob_error, model, prompts, batch, self.pad_id)
         finally:
             self._verifying.discard(key)
+        self.meter.on_verify(time.monotonic() - started, sum(len(g.completions) for g in batch.groups))
         reason = check_logprobs(error, batch.dtype)
         if reason is not None:
             event(log, logging.INFO, "log-probs differ", peer=sender, max_error=f"{error:.3g}")

@@ -257,6 +257,7 @@ class Learner:
             "publish_every": 1 if cfg.mode == "sync" else cfg.publish_every,
             "rollouts_per_step": cfg.prompts_per_step * cfg.group_size,
             "train_s": round(self.meter.train_s, 4),
+            "verify_s": round(self.meter.verify_s_per_rollout * cfg.prompts_per_step * cfg.group_size, 4),
             "publish_s": round(self.meter.publish_s, 4),
             "broadcast_s": round(self.meter.broadcast_s, 4),
             "cycle_s": round(sum(cycles) / len(cycles), 4) if cycles else 0.0,

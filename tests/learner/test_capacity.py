@@ -4,7 +4,7 @@ import pytest
 
 from echo_learner.capacity import forecast
 
-BASE = dict(rollouts_per_step=256, train_s=0.2, publish_s=0.04, broadcast_s=1.0, cycle_s=0.3)
+BASE = dict(rollouts_per_step=256, train_s=0.2, verify_s=0.0, publish_s=0.04, broadcast_s=1.0, cycle_s=0.3)
 
 
 def test_sync_pays_for_broadcast_and_generation_every_step():
@@ -29,3 +29,10 @@ def test_async_whose_window_is_shorter_than_a_broadcast_recommends_publishing_le
     f = forecast(staleness=2, publish_every=1, supply_rps=5000, **BASE)
     assert f.utilization == pytest.approx(0.2 / (1.3 / 2))
     assert "publish every 3 steps" in f.verdict
+
+
+def test_async_learner_also_spends_its_time_verifying():
+    f = forecast(staleness=2, publish_every=4, supply_rps=5000, **{**BASE, "verify_s": 0.05})
+    assert f.utilization == pytest.approx(0.2 / 0.26)
+    sync = forecast(staleness=0, publish_every=1, supply_rps=512, **{**BASE, "verify_s": 0.05})
+    assert sync.utilization == pytest.approx(0.2 / (0.2 + 0.04 + 1.0 + 0.5))  # hidden in the wait
