@@ -31,6 +31,11 @@ from dataclasses import asdict, dataclass
 EWMA = 0.2
 
 
+def running_mean(old: float, new: float, weight: float = EWMA) -> float:
+    """Exponentially weighted mean; the first sample (old == 0) is taken as is."""
+    return new if old == 0 else (1 - weight) * old + weight * new
+
+
 @dataclass(frozen=True)
 class Forecast:
     utilization: float
@@ -90,22 +95,18 @@ class CapacityMeter:
         self._published: dict[int, float] = {}  # version -> monotonic time
         self._arrived: set[tuple[str, int]] = set()
 
-    @staticmethod
-    def _avg(old: float, new: float) -> float:
-        return new if old == 0 else (1 - EWMA) * old + EWMA * new
-
     def on_train(self, start: float, end: float) -> None:
-        self.train_s = self._avg(self.train_s, end - start)
+        self.train_s = running_mean(self.train_s, end - start)
         self._busy.append((start, end))
         while self._busy and self._busy[0][1] < end - self.window_s:
             self._busy.popleft()
 
     def on_verify(self, seconds: float, rollouts: int) -> None:
         """The log-prob recompute of one batch took ``seconds``."""
-        self.verify_s_per_rollout = self._avg(self.verify_s_per_rollout, seconds / max(rollouts, 1))
+        self.verify_s_per_rollout = running_mean(self.verify_s_per_rollout, seconds / max(rollouts, 1))
 
     def on_publish(self, version: int, start: float, end: float) -> None:
-        self.publish_s = self._avg(self.publish_s, end - start)
+        self.publish_s = running_mean(self.publish_s, end - start)
         self._published[version] = end
         for old in sorted(self._published)[:-8]:
             del self._published[old]
@@ -117,7 +118,7 @@ class CapacityMeter:
         if published is None or (peer, version) in self._arrived:
             return
         self._arrived.add((peer, version))
-        self.broadcast_s = self._avg(self.broadcast_s, time.monotonic() - published)
+        self.broadcast_s = running_mean(self.broadcast_s, time.monotonic() - published)
 
     def utilization(self) -> float:
         """Fraction of the last ``window_s`` seconds spent in training steps."""
@@ -125,11 +126,3 @@ class CapacityMeter:
         start = max(self.started, now - self.window_s)
         busy = sum(max(0.0, min(e, now) - max(s, start)) for s, e in self._busy)
         return busy / (now - start) if now > start else 0.0
-
-    def measurements(self) -> dict:
-        return {
-            "train_s": round(self.train_s, 4),
-            "publish_s": round(self.publish_s, 4),
-            "broadcast_s": round(self.broadcast_s, 4),
-            "verify_s_per_rollout": round(self.verify_s_per_rollout, 6),
-        }

@@ -95,17 +95,16 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
     logs.setup(verbose)
 
     from echo_learner.checkpoint import CheckpointError
-    from echo_learner.service import Learner, StartError
+    from echo_learner.service import Learner, StartError, check_data_dir
     from protocol.host import BadMultiaddr
     from protocol.identity import load_or_exit
     from protocol.runtime import run_until_signal
     from protocol.swarm import BootstrapUnreachable
 
-    # Checked before anything is written to the data dir.
-    if config.resume and not config.checkpoint_path.exists():
-        fail(PROG, f"no checkpoint at {config.checkpoint_path}: nothing to resume")
-    if not config.resume and not config.fresh and config.checkpoint_path.exists():
-        fail(PROG, str(StartError.existing_run(config.data_dir)))
+    try:
+        check_data_dir(config)
+    except StartError as exc:
+        fail(PROG, str(exc))
     identity = load_or_exit(PROG, config.identity_path)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     (config.data_dir / "config.json").write_text(json.dumps(as_dict(config), indent=2))
@@ -123,7 +122,7 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
 
     try:
         stopped = run_until_signal(main)
-    except (BadMultiaddr, BootstrapUnreachable, StartError, CheckpointError) as exc:
+    except (BadMultiaddr, BootstrapUnreachable, CheckpointError) as exc:
         fail(PROG, str(exc))
     except OSError as exc:
         fail(PROG, f"cannot start: {exc}")

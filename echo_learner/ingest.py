@@ -35,6 +35,7 @@ from echo_learner.verify import (
     check_batch,
     check_logprobs,
     logprob_error,
+    recheck,
 )
 from protocol import codec, framing
 from protocol.errors import ProtocolError, StreamClosed
@@ -250,8 +251,7 @@ class Ingest:
         if reason is not None:
             event(log, logging.INFO, "log-probs differ", peer=sender, max_error=f"{error:.3g}")
             return reason
-        # The window and the assignments may have moved during the recompute.
-        return check_batch(batch, sender, self.pool, self.window(), lambda _: False, self.limits)
+        return recheck(batch, sender, self.pool, self.window())
 
     def _score(self, assignment: Assignment, group) -> ScoredGroup:  # type: ignore[no-untyped-def]
         rewards = []

@@ -11,6 +11,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from echo_learner.capacity import running_mean
 from echo_learner.verify import ACCEPTED, STRIKES
 
 # Weight of the newest sample in a node's throughput average.
@@ -57,10 +58,6 @@ class PeerStats:
         }
 
 
-def _avg(old: float, new: float) -> float:
-    return new if old == 0 else (1 - EWMA) * old + EWMA * new
-
-
 class PeerBook:
     def __init__(self, *, strikes_to_ban: int, strike_window_s: float, ban_s: float, max_peers: int):
         self.strikes_to_ban = strikes_to_ban
@@ -102,8 +99,8 @@ class PeerBook:
             if cycle_s:
                 stats.overheads.append(max(0.0, cycle_s - generate_s))
                 work_s = max(generate_s + min(stats.overheads), 1e-3)
-                stats.rate = _avg(stats.rate, rollouts / work_s)
-                stats.cycle_s = _avg(stats.cycle_s, work_s)
+                stats.rate = running_mean(stats.rate, rollouts / work_s, EWMA)
+                stats.cycle_s = running_mean(stats.cycle_s, work_s, EWMA)
             return
         stats.refused += 1
         if reason in STRIKES:

@@ -24,7 +24,7 @@ import trio
 from tqdm import tqdm
 
 from echo_learner import checkpoint
-from echo_learner.capacity import CapacityMeter, Forecast, forecast
+from echo_learner.capacity import CapacityMeter, forecast
 from echo_learner.config import LearnerConfig
 from echo_learner.ingest import Ingest, now_ms
 from echo_learner.ledger import Ledger
@@ -61,10 +61,16 @@ HISTORY_STEPS = 5000  # step records kept in memory for the status API
 class StartError(RuntimeError):
     """The data dir and the flags disagree (e.g. a checkpoint but no --resume)."""
 
-    @classmethod
-    def existing_run(cls, data_dir: object) -> StartError:
-        return cls(
-            f"{data_dir} holds a checkpoint; pass --resume to continue that run "
+
+def check_data_dir(config: LearnerConfig) -> None:
+    """Refuse to resume nothing or to train over a run that was not asked to be
+    continued; call before anything is written to the data dir."""
+    has_checkpoint = config.checkpoint_path.exists()
+    if config.resume and not has_checkpoint:
+        raise StartError(f"no checkpoint at {config.checkpoint_path}: nothing to resume")
+    if not config.resume and not config.fresh and has_checkpoint:
+        raise StartError(
+            f"{config.data_dir} holds a checkpoint; pass --resume to continue that run "
             "or --fresh to start a new one (the ledger is kept either way)"
         )
 
@@ -88,8 +94,8 @@ class Learner:
             pad_id=self.tokenizer.pad_token_id,
         )
         self.ledger = Ledger(config.ledger_path)
-        rollouts_per_step = config.prompts_per_step
-        capacity = rollouts_per_step if config.mode == "sync" else rollouts_per_step * config.buffer_steps
+        groups = config.prompts_per_step
+        capacity = groups if config.mode == "sync" else groups * config.buffer_steps
         self.pool = PromptPool(
             self._new_prompt,
             capacity=capacity,
@@ -181,7 +187,8 @@ class Learner:
             self.ledger.close()
 
     def _start(self) -> int:
-        """Restore the checkpoint if resuming; the number of the first version to publish.
+        """Restore the checkpoint if resuming (``check_data_dir`` vetted the
+        flags); the number of the first version to publish.
 
         Version numbers only ever grow within a data dir, across restarts:
         nodes may hold any version published before, so a number is never
@@ -189,7 +196,6 @@ class Learner:
         """
         cfg = self.config
         first_version = self.ledger.last_version() + 1
-        has_checkpoint = cfg.checkpoint_path.exists()
         if cfg.resume:
             state = checkpoint.load(cfg.checkpoint_path)
             self.model.load_state_dict(state["model"])
@@ -199,8 +205,6 @@ class Learner:
             self.pool.restore(state["pool"], version_offset=first_version - state["version"])
             event(log, logging.WARNING, "resumed from checkpoint", step=self.step,
                   checkpoint_version=state["version"], next_version=first_version)
-        elif has_checkpoint and not cfg.fresh:
-            raise StartError.existing_run(cfg.data_dir)
         return first_version
 
     async def announce(self) -> None:
@@ -264,11 +268,9 @@ class Learner:
             "supply_rps": round(sum(p.rate for p in active), 3),
         }
 
-    def capacity(self) -> Forecast:
-        return forecast(**self.capacity_inputs())
-
     def _write_metrics(self, stats: StepStats, staleness: float) -> None:
         c = self.ingest.counters
+        inputs = self.capacity_inputs()
         record = {
             "step": self.step - 1,
             "version": self.version,
@@ -284,8 +286,8 @@ class Learner:
             "batches_refused": c.batches_refused,
             "contributors": len(self.ingest.contributors),
             "utilization": round(self.meter.utilization(), 4),
-            "capacity": self.capacity_inputs(),
-            "predicted_utilization": round(self.capacity().utilization, 4),
+            "capacity": inputs,
+            "predicted_utilization": round(forecast(**inputs).utilization, 4),
         }
         self.history.append(record)
         with open(self.config.metrics_path, "a") as f:
@@ -360,6 +362,7 @@ class Learner:
     def status(self) -> dict:
         cfg = self.config
         c = self.ingest.counters
+        inputs = self.capacity_inputs()
         recent = list(self.history)[-20:]
         steps_per_s = 0.0
         if len(recent) >= 2 and recent[-1]["time"] > recent[0]["time"]:
@@ -386,7 +389,7 @@ class Learner:
             "contributors": len(self.ingest.contributors),
             "peers": len(self.peers.active(within_s=cfg.capacity_window_s)),
             "utilization": round(self.meter.utilization(), 4),
-            "measurements": self.meter.measurements(),
-            "capacity": self.capacity().to_json(),
+            "measurements": inputs,
+            "capacity": forecast(**inputs).to_json(),
             "addrs": self.addrs,
         }

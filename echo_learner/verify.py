@@ -114,8 +114,22 @@ def check_batch(
                 return BAD_TOKENS
             if any(t >= limits.vocab_size for t in c.tokens):
                 return BAD_TOKENS
-    for a in assignments:
-        assert a is not None
+    return _assignments_open(batch, sender, pool)
+
+
+def recheck(batch: RolloutBatch, sender: str, pool: PromptPool, window: Window) -> str | None:
+    """What can have changed while the log-probs were recomputed: the window
+    moved, or the prompts were answered or handed to another node."""
+    if batch.version not in window:
+        return OUT_OF_WINDOW
+    return _assignments_open(batch, sender, pool)
+
+
+def _assignments_open(batch: RolloutBatch, sender: str, pool: PromptPool) -> str | None:
+    for group in batch.groups:
+        a = pool.lookup(group.prompt_id)
+        if a is None:  # forgotten meanwhile: the pool's memory is bounded
+            return REASSIGNED
         if a.answered:
             return ANSWERED
         if a.peer != sender:
