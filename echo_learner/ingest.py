@@ -249,7 +249,8 @@ class Ingest:
         self.meter.on_verify(time.monotonic() - started, sum(len(g.completions) for g in batch.groups))
         reason = check_logprobs(error, batch.dtype)
         if reason is not None:
-            event(log, logging.INFO, "log-probs differ", peer=sender, max_error=f"{error:.3g}")
+            event(log, logging.INFO, "log-probs differ", peer=sender, dtype=batch.dtype,
+                  worst=f"{error.worst:.3g}", mean=f"{error.mean:.3g}")
             return reason
         return recheck(batch, sender, self.pool, self.window())
 

@@ -8,12 +8,16 @@ token id ``b`` is byte ``b``; then pad, bos, eos.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from protocol.bytevocab import byte_chars
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 VOCAB_SIZE = 256 + 3
@@ -32,21 +36,8 @@ class ModelShape:
     seed: int = 0
 
 
-def _byte_chars() -> dict[int, str]:
-    """GPT-2's byte -> printable character map, which the ByteLevel pre-tokenizer uses."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
-
-
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    byte_chars = _byte_chars()
-    vocab = {byte_chars[b]: b for b in range(256)}
+    vocab = {char: b for b, char in enumerate(byte_chars())}
     vocab.update({PAD: 256, BOS: 257, EOS: 258})
     # A BPE model with no merges is a pure byte-level vocabulary.
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
@@ -89,3 +80,50 @@ def build_model(shape: ModelShape = ModelShape()) -> LlamaForCausalLM:
 def config_json(model: LlamaForCausalLM) -> str:
     """The model's config.json as text, for the manifest."""
     return json.dumps(model.config.to_dict(), sort_keys=True)
+
+
+class ModelError(ValueError):
+    """``--model`` names something that is not a model the learner can train."""
+
+
+def load_model(source: str, seed: int = 0) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
+    """The policy to train and its tokenizer, in float32 on the CPU.
+
+    ``source`` is "" for the built-in model (seeded with ``seed``), a Hugging
+    Face directory, or a ``.gguf`` file (dequantised by transformers; needs the
+    ``gguf`` package). Nodes get the weights as safetensors and export their own
+    GGUF, so only the Llama architecture is accepted.
+    """
+    if not source:
+        return build_model(ModelShape(seed=seed)), build_tokenizer()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(source).expanduser()
+    if path.is_dir() and (path / "config.json").exists():
+        where: dict = {"pretrained_model_name_or_path": path}
+    elif path.is_file() and path.suffix == ".gguf":
+        if importlib.util.find_spec("gguf") is None:
+            raise ModelError("loading a .gguf model needs the gguf package: pip install -e '.[llama]'")
+        where = {"pretrained_model_name_or_path": path.parent, "gguf_file": path.name}
+    else:
+        raise ModelError(f"{source}: not a Hugging Face model directory (with config.json) or a .gguf file")
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(**where)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"cannot load {source}: {exc}") from exc
+    if loaded.config.model_type != "llama":
+        raise ModelError(f"{source}: architecture {loaded.config.model_type!r}; only llama is supported")
+    # A model loaded from GGUF cannot save_pretrained; a plain one built from
+    # its config can, and holds exactly the same weights.
+    model = LlamaForCausalLM(loaded.config).float()
+    model.load_state_dict(loaded.state_dict())
+    model.eval()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def describe(source: str) -> str:
+    """How the status page and logs name the model."""
+    return Path(source).name if source else "built-in tiny llama"

@@ -28,7 +28,7 @@ from echo_learner.capacity import CapacityMeter, forecast
 from echo_learner.config import LearnerConfig
 from echo_learner.ingest import Ingest, now_ms
 from echo_learner.ledger import Ledger
-from echo_learner.model import ModelShape, build_model, build_tokenizer, config_json, tokenizer_digest
+from echo_learner.model import config_json, describe, load_model, tokenizer_digest
 from echo_learner.peers import PeerBook
 from echo_learner.pool import PromptPool
 from echo_learner.tasks import TASKS, TaskPrompt
@@ -85,8 +85,7 @@ class Learner:
         self.rng = random.Random(config.seed)
         torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
-        self.tokenizer = build_tokenizer()
-        self.model = build_model(ModelShape(seed=config.seed))
+        self.model, self.tokenizer = load_model(config.model, config.seed)
         self.trainer = Trainer(
             self.model,
             lr=config.lr,
@@ -123,7 +122,7 @@ class Learner:
             pad_id=self.tokenizer.pad_token_id,
             limits=Limits(
                 job_id=self.job_id,
-                vocab_size=len(self.tokenizer),
+                vocab_size=self.model.config.vocab_size,
                 group_size=config.group_size,
                 max_new_tokens=config.max_new_tokens,
             ),
@@ -198,6 +197,11 @@ class Learner:
         first_version = self.ledger.last_version() + 1
         if cfg.resume:
             state = checkpoint.load(cfg.checkpoint_path)
+            if state.get("model_source", "") != cfg.model:
+                raise checkpoint.CheckpointError(
+                    f"the checkpoint trains --model {state.get('model_source') or '(built-in)'!r}, "
+                    f"not {cfg.model or '(built-in)'!r}"
+                )
             self.model.load_state_dict(state["model"])
             self.trainer.optimizer.load_state_dict(state["optimizer"])
             checkpoint.restore_rng(self.rng, state["rng"])
@@ -218,7 +222,8 @@ class Learner:
     def _new_prompt(self) -> tuple[TaskPrompt, tuple[int, ...]]:
         prompt = self.task.sample(self.rng)
         ids = self.tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
-        return prompt, (self.tokenizer.bos_token_id, *ids)
+        bos = self.tokenizer.bos_token_id
+        return prompt, (*([] if bos is None else [bos]), *ids)
 
     # --- training ----------------------------------------------------------------
 
@@ -299,6 +304,7 @@ class Learner:
             "step": self.step,
             "version": self.version,
             "mode": self.config.mode,
+            "model_source": self.config.model,
             "rng": checkpoint.rng_state(self.rng),
             "pool": self.pool.state(),
         }
@@ -371,7 +377,7 @@ class Learner:
             "job_id": self.job_id,
             "learner": self.me,
             "task": self.task.name,
-            "model": json.loads(config_json(self.model)).get("model_type", "llama"),
+            "model": describe(cfg.model),
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "mode": cfg.mode,
             "staleness": cfg.window,

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 import torch
 from safetensors.torch import load
 from transformers import LlamaConfig, LlamaForCausalLM
 
-
-@dataclass(frozen=True)
-class Sample:
-    tokens: tuple[int, ...]
-    logprobs: tuple[float, ...]
+from echo_node.backend import Sample
 
 
 class TorchBackend:
@@ -23,21 +18,32 @@ class TorchBackend:
     def __init__(self, threads: int):
         torch.set_num_threads(threads)
         self.model: LlamaForCausalLM | None = None
-        self.config_json = ""
+        # Double buffering: a new version loads into the spare model while
+        # generation goes on with the current one; ``use`` swaps them.
+        self._spare: LlamaForCausalLM | None = None
 
-    def load(self, config_json: str, weights: bytes) -> None:
-        """Load safetensors ``weights`` into a model built from ``config_json``."""
-        if self.model is None or config_json != self.config_json:
-            config = LlamaConfig.from_dict(json.loads(config_json))
-            self.model = LlamaForCausalLM(config).float().eval()
-            self.config_json = config_json
+    def prepare(self, config_json: str, weights: bytes) -> LlamaForCausalLM:
+        """A model holding safetensors ``weights``, built from ``config_json``
+        (safe to call while ``generate`` runs)."""
+        config = LlamaConfig.from_dict(json.loads(config_json))
+        model = self._spare
+        if model is None or model.config.to_dict() != config.to_dict():
+            model = LlamaForCausalLM(config).float().eval()
         state = load(weights)
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
-        tied = getattr(self.model.config, "tie_word_embeddings", False)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        tied = getattr(model.config, "tie_word_embeddings", False)
         if unexpected or set(missing) - ({"lm_head.weight"} if tied else set()):
             raise ValueError(f"weights do not fit the model: missing={missing} unexpected={unexpected}")
         if tied:
-            self.model.tie_weights()
+            model.tie_weights()
+        return model
+
+    def use(self, model: LlamaForCausalLM) -> None:
+        """Generate with ``model`` from now on (never call during ``generate``)."""
+        self._spare, self.model = self.model, model
+
+    def load(self, config_json: str, weights: bytes) -> None:
+        self.use(self.prepare(config_json, weights))
 
     @torch.no_grad()
     def generate(

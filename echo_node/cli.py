@@ -69,8 +69,15 @@ def join(config: NodeConfig, *, verbose: bool) -> None:
     from protocol.runtime import run_until_signal
     from protocol.swarm import BootstrapUnreachable
 
+    from echo_node.backend import BackendUnavailable, choose
+
     identity = load_or_exit(PROG, config.identity_path)
-    node = Node(config, identity)
+    try:
+        backend, why = choose(config.backend, config.dtype, config.threads, config.gguf_dir)
+    except BackendUnavailable as exc:
+        fail(PROG, str(exc))
+    print(f"backend: {backend.name} {backend.dtype} ({why})", flush=True)
+    node = Node(config, identity, backend)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:

@@ -18,14 +18,23 @@ class NodeConfig:
     listen: list[str] = setting(["/ip4/0.0.0.0/tcp/0"], "multiaddr to listen on")
     data_dir: Path = setting(default_data_dir(), "identity, weight chunks and receipts live here")
     learner: str = setting("", "peer id of the learner to work for (default: the first found)")
-    backend: str = setting("torch", "inference backend", choices=("torch",))
+    backend: str = setting(
+        "auto", "inference backend (auto: llama.cpp when installed, else torch)",
+        choices=("auto", "torch", "llama"),
+    )
+    dtype: str = setting(
+        "f32", "llama.cpp weight precision: f32, f16 or q8_0 (smaller and faster, a little "
+        "less exact; torch runs f32)", choices=("f32", "f16", "q8_0"),
+    )
     max_prompts: int = setting(4, "most prompts to take per work request", lo=1, hi=256)
     max_upload_mbit: float = setting(
         0.0, "upload bandwidth cap in Mbit/s for serving weights to peers (0: uncapped)", lo=0
     )
     keep_versions: int = setting(2, "weight versions kept on disk (bounds disk use)", lo=1)
     max_peers: int = setting(16, "most swarm neighbours to exchange weights with", lo=1)
-    torch_threads: int = setting(1, "torch CPU threads for generation", lo=1)
+    # Small models decode fastest on one thread (llama.cpp: 2 threads were 3-5x
+    # slower on the built-in model, ../shared/notes/inference.md).
+    threads: int = setting(1, "CPU threads for generation (torch or llama.cpp)", lo=1)
     request_timeout_s: float = setting(30.0, "deadline for one chunk or rollout request", lo=1)
     work_timeout_s: float = setting(
         30.0, "deadline for a work request (the learner may hold it until prompts are ready)", lo=1
@@ -45,6 +54,11 @@ class NodeConfig:
 
     def weights_dir(self, job_id: str) -> Path:
         return self.data_dir / "weights" / job_id
+
+    @property
+    def gguf_dir(self) -> Path:
+        """Where the llama.cpp backend writes its GGUF copy of the version it runs."""
+        return self.data_dir / "gguf"
 
     @property
     def receipts_path(self) -> Path:

@@ -3,9 +3,11 @@
 ``run`` reads top to bottom: join the swarm, find a learner through the DHT,
 then loop: ask for work -> if the version we hold is older than the
 assignment allows, fetch the one it names (else keep working and fetch it in
-the background) -> generate (in a worker thread) -> sign -> submit -> check
-the signed receipt. A learner that does not answer is retried after a pause;
-Ctrl-C cancels the loop and the host closes its connections.
+the background) -> generate (in a worker thread) -> sign -> hand the batch to
+the submitter. The submitter sends it and checks the signed receipt while the
+next batch is generated, so the backend never waits for the learner's
+verification. A learner that does not answer is retried after a pause;
+Ctrl-C cancels the loops and the host closes its connections.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from libp2p.network.exceptions import SwarmException
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from echo_node.backend_torch import TorchBackend
+from echo_node.backend import Backend
 from echo_node.config import NodeConfig
 from echo_node.weights import download_newer
 from protocol import codec
@@ -65,11 +67,12 @@ class NoLearnerFound(LookupError):
 
 
 class Node:
-    def __init__(self, config: NodeConfig, identity: Identity):
+    def __init__(self, config: NodeConfig, identity: Identity, backend: Backend | None = None):
+        """``backend`` may be None for a node that only queries (``echo-node credits``)."""
         self.config = config
         self.identity = identity
         self.me = identity.peer_id_str
-        self.backend = TorchBackend(config.torch_threads)
+        self.backend = backend
         self.swarm: Swarm | None = None
         self.engine: BroadcastEngine | None = None
         self.learner: ID | None = None
@@ -81,6 +84,7 @@ class Node:
         self._wanted_changed = trio.Event()
         self._update_lock = trio.Lock()
         self._backend_lock = trio.Lock()
+        self._outbox: trio.MemorySendChannel[RolloutBatch] | None = None
 
     @asynccontextmanager
     async def joined(self) -> AsyncIterator[Swarm]:
@@ -109,11 +113,17 @@ class Node:
             )
             await nursery.start(self.engine.run)
             nursery.start_soon(self._follow_versions)
+            # One signed batch may wait while the next is generated: enough to
+            # hide the submission, and a bound on memory if the learner stalls.
+            self._outbox, batches_out = trio.open_memory_channel[RolloutBatch](1)
+            nursery.start_soon(self._submit_batches, batches_out)
             task_status.started((self.learner, self.job_id))
             failures = 0
             while True:
                 try:
-                    await self.work_once()
+                    work = await self.request_work()
+                    if work is not None:
+                        await self.roll_out(work)
                 except (RequestFailed, ProtocolError) as exc:
                     if failures == 0:
                         event(log, logging.WARNING, "lost the learner; retrying", error=exc)
@@ -125,6 +135,15 @@ class Node:
                 if failures:
                     event(log, logging.WARNING, "learner is back", after_failures=failures)
                     failures = 0
+
+    async def _submit_batches(self, batches: trio.MemoryReceiveChannel[RolloutBatch]) -> None:
+        async for batch in batches:
+            try:
+                await self.deliver(batch)
+            except (RequestFailed, ProtocolError) as exc:
+                # The work loop notices a lost learner on its next request and
+                # backs off; this batch's prompts go to another node.
+                event(log, logging.WARNING, "batch not delivered", version=batch.version, error=exc)
 
     async def find_learner(self) -> None:
         """Look up a learner in the DHT and read its job from its signed manifest record."""
@@ -167,8 +186,11 @@ class Node:
         if self.config.emulate_delay_ms:
             await trio.sleep(self.config.emulate_delay_ms / 1000)
 
-    async def work_once(self) -> None:
-        assert self.swarm is not None and self.learner is not None
+    async def request_work(self) -> WorkAssignment | None:
+        """Ask the learner for prompts; make sure we hold a version it accepts.
+
+        None when it has no work now (after waiting as long as it asked)."""
+        assert self.swarm is not None and self.learner is not None and self.backend is not None
         host, cfg = self.swarm.host, self.config
         await self._delay()
         reply = await request(
@@ -182,7 +204,7 @@ class Node:
         if isinstance(reply, NoWork):
             if reply.retry_after_ms:
                 await trio.sleep(reply.retry_after_ms / 1000)
-            return
+            return None
         if reply.version > self._wanted:
             self._wanted = reply.version
             self._wanted_changed.set()
@@ -192,7 +214,7 @@ class Node:
             await self.update_weights(reply.version)
         # Otherwise work with what we hold while _follow_versions fetches the
         # newest (async mode: the broadcast overlaps generation).
-        await self.roll_out(reply)
+        return reply
 
     async def _follow_versions(self) -> None:
         """Fetch and load each newer version the learner names, in the background."""
@@ -211,6 +233,7 @@ class Node:
         """Fetch the learner's newest version (at least ``version``) and load the
         newest complete one, which may be an older one finished first."""
         assert self.swarm is not None and self.learner is not None and self.engine is not None
+        assert self.backend is not None
         async with self._update_lock:
             if self.version >= version:
                 return
@@ -220,13 +243,21 @@ class Node:
             newest = await download_newer(self.engine, manifest, self.version)
             loaded = self.engine.store.manifests[newest]
             weights = await trio.to_thread.run_sync(self.engine.store.assemble, newest)
-            async with self._backend_lock:  # never swap weights under a running generation
-                await trio.to_thread.run_sync(self.backend.load, loaded.model_config, weights)
+            # Preparing (for llama.cpp: writing a GGUF) overlaps generation;
+            # only the swap waits for a running generation to finish.
+            prepared = await trio.to_thread.run_sync(self.backend.prepare, loaded.model_config, weights)
+            async with self._backend_lock:
+                self.backend.use(prepared)
                 self.version = newest
             event(log, logging.INFO, "loaded weights", version=newest)
 
     async def roll_out(self, work: WorkAssignment) -> None:
-        batch = await self.make_batch(work)
+        """Generate and sign one assignment; the submitter delivers it."""
+        assert self._outbox is not None, "roll_out runs inside run()"
+        await self._outbox.send(await self.make_batch(work))
+
+    async def deliver(self, batch: RolloutBatch) -> None:
+        """Submit ``batch``, check its receipt and keep it."""
         reply = await self.submit(batch)
         if isinstance(reply, ErrorReply):
             raise RequestFailed(f"learner refused the batch: {reply.code}: {reply.message}")
@@ -236,6 +267,7 @@ class Node:
 
     async def make_batch(self, work: WorkAssignment) -> RolloutBatch:
         """Generate the assignment's groups with the weights we hold; sign them."""
+        assert self.backend is not None
         async with self._backend_lock:
             version = self.version  # the batch declares the version that really generated it
             t0 = time.monotonic()

@@ -1,0 +1,84 @@
+"""The inference-backend interface, and choosing one for this machine.
+
+A backend holds one policy version and samples completions from it:
+
+    prepare(config_json, weights)  get a version (safetensors bytes) ready to
+                                   run, while generation goes on
+    use(prepared)                  swap it in (between generations)
+    generate(prompts, ...)       group_size samples per prompt, each sampled
+                                 token with its log-prob
+
+Every backend samples exactly at the assignment's temperature over the whole
+vocabulary (no top-k/top-p/min-p) and reports the log-softmax of its raw
+logits: those log-probs are the behaviour policy the learner importance-weights
+against, and the learner recomputes them to verify the batch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+INSTALL_LLAMA = (
+    'llama.cpp is not installed: pip install "echo-swarm[llama]" (from the repository: '
+    "pip install -e '.[llama]'; it builds llama.cpp, which takes a few minutes)"
+)
+
+
+@dataclass(frozen=True)
+class Sample:
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+
+class Backend(Protocol):
+    name: str  # as rollouts declare it: "torch" or "llama"
+    dtype: str  # the precision its log-probs come from: "f32", "f16", "q8_0"
+
+    def prepare(self, config_json: str, weights: bytes) -> Any: ...
+
+    def use(self, prepared: Any) -> None: ...
+
+    def load(self, config_json: str, weights: bytes) -> None:
+        """``use(prepare(...))``: for callers that do not generate concurrently."""
+
+    def generate(
+        self,
+        prompts: list[tuple[int, ...]],
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float,
+        stop_ids: tuple[int, ...],
+    ) -> list[list[Sample]]: ...
+
+
+class BackendUnavailable(RuntimeError):
+    """The asked-for backend cannot run here; the message says what to do."""
+
+
+def llama_installed() -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in ("llama_cpp", "gguf"))
+
+
+def choose(name: str, dtype: str, threads: int, work_dir: Path) -> tuple[Backend, str]:
+    """The backend to run and why it was chosen (``name``: auto, torch or llama)."""
+    if name == "auto":
+        if llama_installed():
+            name, why = "llama", "auto: llama.cpp is installed"
+        else:
+            name, why = "torch", "auto: llama.cpp is not installed (pip install -e '.[llama]' to use it)"
+    else:
+        why = "asked for with --backend"
+    if name == "llama":
+        if not llama_installed():
+            raise BackendUnavailable(INSTALL_LLAMA)
+        from echo_node.backend_llama import LlamaBackend
+
+        return LlamaBackend(dtype, threads, work_dir), why
+    if dtype != "f32":
+        raise BackendUnavailable(f"the torch backend runs f32 only, not {dtype} (use --backend llama)")
+    from echo_node.backend_torch import TorchBackend
+
+    return TorchBackend(threads), why

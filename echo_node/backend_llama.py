@@ -1,0 +1,243 @@
+"""Rollouts with llama.cpp: exact temperature sampling over raw logits.
+
+llama.cpp's samplers are made for chat (temperature 0.8, top-k 40, top-p 0.95,
+min-p 0.05 by default): they truncate the distribution, so the tokens would not
+come from the policy the learner trains and the log-probs would be wrong. We
+use llama.cpp only to compute logits and sample in numpy: each token is drawn
+from softmax(logits / T) over the whole vocabulary, and its log-prob is the
+log-softmax of those raw logits.
+
+A whole assignment decodes as one batch: each prompt is evaluated once, its
+KV cache is shared by the ``group_size`` sequences that continue it, and every
+step decodes one token of every unfinished sequence together.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+from safetensors.numpy import load
+
+from echo_node.backend import Sample
+from echo_node.gguf_export import write_gguf
+
+# llama.cpp's compile-time limit on sequences in one context.
+MAX_SEQUENCES = 256
+GGML_TYPE_F32 = 0
+FLASH_ATTN_DISABLED = 0
+
+log = logging.getLogger("llama.cpp")
+
+
+@llama_cpp.llama_log_callback
+def _forward_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp prints its load log and harmless warnings (e.g. our 4096-cell
+    # context exceeds the tiny model's 64 training positions, which is total
+    # cells for all sequences, not one sequence's length) to stderr; keep them
+    # for -v only.
+    log.debug("%s", text.decode("utf-8", "replace").rstrip())
+
+
+llama_cpp.llama_log_set(_forward_log, ctypes.c_void_p(0))
+llama_cpp.llama_backend_init()
+
+
+class LlamaError(RuntimeError):
+    """llama.cpp could not load a version or decode a batch."""
+
+
+@dataclass
+class Loaded:
+    """One policy version, loaded: a llama.cpp model and its context."""
+
+    path: Path
+    model: ctypes.c_void_p
+    ctx: ctypes.c_void_p
+    n_vocab: int
+    n_ctx: int
+
+    def free(self) -> None:
+        llama_cpp.llama_free(self.ctx)
+        llama_cpp.llama_model_free(self.model)
+        self.path.unlink(missing_ok=True)
+
+
+class LlamaBackend:
+    name = "llama"
+
+    def __init__(self, dtype: str, threads: int, work_dir: Path, context: int = 4096):
+        self.dtype = dtype
+        self.threads = threads
+        self.work_dir = work_dir
+        self.context = context  # KV cells shared by all sequences of one batch
+        self.loaded: Loaded | None = None
+        self.rng = np.random.default_rng()  # OS entropy: samples must not be predictable
+
+    def prepare(self, config_json: str, weights: bytes) -> Loaded:
+        """Export ``weights`` as a GGUF in this node's dtype and load it."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        name = f"policy-{hashlib.sha256(weights).hexdigest()[:16]}-{self.dtype}.gguf"
+        path = self.work_dir / name
+        write_gguf(config_json, load(weights), path, self.dtype)
+        n_ctx = self.context
+
+        model_params = llama_cpp.llama_model_default_params()
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
+        if not model:
+            path.unlink(missing_ok=True)
+            raise LlamaError(f"llama.cpp could not load {path}")
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_ctx
+        params.n_ubatch = min(n_ctx, 512)
+        params.n_seq_max = MAX_SEQUENCES
+        params.kv_unified = True  # the group's sequences share their prompt's cells
+        params.n_threads = params.n_threads_batch = self.threads
+        # An f32 KV cache without flash attention, whatever the weights' dtype:
+        # llama.cpp's default f16 cache alone put f32 weights 0.016-0.02 away
+        # from the learner's recompute on trained models (3e-5 with f32).
+        params.type_k = params.type_v = GGML_TYPE_F32
+        params.flash_attn_type = FLASH_ATTN_DISABLED
+        ctx = llama_cpp.llama_init_from_model(model, params)
+        if not ctx:
+            llama_cpp.llama_model_free(model)
+            path.unlink(missing_ok=True)
+            raise LlamaError("llama.cpp could not create a context")
+        n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+        return Loaded(path, model, ctx, n_vocab, llama_cpp.llama_n_ctx(ctx))
+
+    def use(self, loaded: Loaded) -> None:
+        """Generate with ``loaded`` from now on; free the version it replaces."""
+        old, self.loaded = self.loaded, loaded
+        if old is not None:
+            old.free()
+
+    def load(self, config_json: str, weights: bytes) -> None:
+        self.use(self.prepare(config_json, weights))
+
+    def close(self) -> None:
+        if self.loaded is not None:
+            self.loaded.free()
+            self.loaded = None
+
+    def generate(
+        self,
+        prompts: list[tuple[int, ...]],
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float,
+        stop_ids: tuple[int, ...],
+    ) -> list[list[Sample]]:
+        """``group_size`` samples per prompt, each with its tokens' log-probs.
+
+        Prompts go through llama.cpp in chunks that fit its sequence and KV
+        limits; a sample ends after its first stop token, which it keeps.
+        """
+        assert self.loaded is not None, "load weights before generating"
+        out: list[list[Sample]] = []
+        i = 0
+        while i < len(prompts):
+            chunk = self._chunk(prompts[i:], group_size, max_new_tokens)
+            out.extend(self._generate_chunk(chunk, group_size, max_new_tokens, temperature, stop_ids))
+            i += len(chunk)
+        return out
+
+    def _chunk(
+        self, prompts: list[tuple[int, ...]], group_size: int, max_new_tokens: int
+    ) -> list[tuple[int, ...]]:
+        """The longest prefix of ``prompts`` whose sequences fit one context."""
+        assert self.loaded is not None
+        cells = 0
+        for n, p in enumerate(prompts):
+            cells += len(p) + group_size * max_new_tokens
+            if (n + 1) * group_size > MAX_SEQUENCES or cells > self.loaded.n_ctx:
+                if n == 0:
+                    raise LlamaError(
+                        f"one prompt of {len(p)} tokens with {group_size} x {max_new_tokens} new tokens "
+                        f"does not fit llama.cpp's context of {self.loaded.n_ctx}"
+                    )
+                return prompts[:n]
+        return prompts
+
+    def _generate_chunk(
+        self,
+        prompts: list[tuple[int, ...]],
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float,
+        stop_ids: tuple[int, ...],
+    ) -> list[list[Sample]]:
+        assert self.loaded is not None
+        ctx = self.loaded.ctx
+        memory = llama_cpp.llama_get_memory(ctx)
+        llama_cpp.llama_memory_clear(memory, True)
+        # Each prompt on the first sequence of its group; logits of its last token.
+        entries = [
+            (tok, pos, p * group_size, pos == len(prompt) - 1)
+            for p, prompt in enumerate(prompts)
+            for pos, tok in enumerate(prompt)
+        ]
+        first = self._decode(entries)
+        for p in range(len(prompts)):
+            for g in range(1, group_size):
+                llama_cpp.llama_memory_seq_cp(memory, p * group_size, p * group_size + g, -1, -1)
+        n = len(prompts) * group_size
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        logits = np.repeat(first, group_size, axis=0)  # every sample of a prompt starts alike
+        active = list(range(n))
+        stops = set(stop_ids)
+        for step in range(max_new_tokens):
+            picked, lps = self._sample(logits, temperature)
+            still = []
+            for seq, tok, lp in zip(active, picked.tolist(), lps.tolist()):
+                tokens[seq].append(tok)
+                logprobs[seq].append(lp)
+                if tok not in stops:
+                    still.append(seq)
+            active = still
+            if not active or step == max_new_tokens - 1:
+                break
+            logits = self._decode([
+                (tokens[seq][-1], len(prompts[seq // group_size]) + step, seq, True) for seq in active
+            ])
+        samples = [Sample(tuple(t), tuple(lp)) for t, lp in zip(tokens, logprobs)]
+        return [samples[p * group_size : (p + 1) * group_size] for p in range(len(prompts))]
+
+    def _decode(self, entries: list[tuple[int, int, int, bool]]) -> np.ndarray:
+        """Decode ``(token, position, sequence, wants_logits)`` entries as one
+        batch; the logits rows of the entries that want them, in order."""
+        assert self.loaded is not None
+        batch = llama_cpp.llama_batch_init(len(entries), 0, 1)
+        try:
+            for i, (tok, pos, seq, wants) in enumerate(entries):
+                batch.token[i] = tok
+                batch.pos[i] = pos
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = wants
+            batch.n_tokens = len(entries)
+            rc = llama_cpp.llama_decode(self.loaded.ctx, batch)
+            if rc != 0:
+                raise LlamaError(f"llama_decode failed with code {rc}")
+            rows = sum(1 for e in entries if e[3])
+            ptr = llama_cpp.llama_get_logits(self.loaded.ctx)
+            return np.ctypeslib.as_array(ptr, shape=(rows, self.loaded.n_vocab)).copy()
+        finally:
+            llama_cpp.llama_batch_free(batch)
+
+    def _sample(self, logits: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray]:
+        """One token per row from softmax(logits / T), and its log-prob (float64)."""
+        scaled = logits.astype(np.float64) / temperature
+        scaled -= scaled.max(axis=1, keepdims=True)
+        logp = scaled - np.log(np.exp(scaled).sum(axis=1, keepdims=True))
+        cdf = np.cumsum(np.exp(logp), axis=1)
+        u = self.rng.random(len(logits)) * cdf[:, -1]
+        picked = np.minimum((cdf < u[:, None]).sum(axis=1), logits.shape[1] - 1)
+        return picked, logp[np.arange(len(logits)), picked]
