@@ -41,11 +41,15 @@ def main(argv: list[str] | None = None) -> None:
 
     import trio
 
-    from protocol.host import BadMultiaddr, full_addrs
+    from protocol.host import BadMultiaddr, check_addrs, full_addrs
     from protocol.identity import load_or_exit
     from protocol.runtime import run_until_signal
     from protocol.swarm import BootstrapUnreachable, connect_bootstrap, open_swarm
 
+    try:
+        check_addrs(config.listen, config.bootstrap)
+    except BadMultiaddr as exc:
+        fail(PROG, str(exc))
     identity = load_or_exit(PROG, config.identity)
 
     async def serve() -> None:

@@ -95,16 +95,19 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
     logs.setup(verbose)
 
     from echo_learner.checkpoint import CheckpointError
-    from echo_learner.model import ModelError
+    from echo_learner.model import ModelError, locate
     from echo_learner.service import Learner, StartError, check_data_dir
-    from protocol.host import BadMultiaddr
+    from protocol.host import BadMultiaddr, check_addrs
     from protocol.identity import load_or_exit
     from protocol.runtime import run_until_signal
     from protocol.swarm import BootstrapUnreachable
 
     try:
+        check_addrs(config.listen, config.bootstrap)
         check_data_dir(config)
-    except StartError as exc:
+        if config.model:
+            locate(config.model)
+    except (BadMultiaddr, StartError, ModelError) as exc:
         fail(PROG, str(exc))
     identity = load_or_exit(PROG, config.identity_path)
     config.data_dir.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,9 @@
 """Log-probs of completion tokens under a model: used to train and to verify.
 
-The trainer needs them with gradients; verification recomputes a node's
-reported log-probs without. Both must pack sequences the same way, so they
-share this one function.
+The trainer needs them with gradients for whole batches of sequences
+(``completion_logprobs``); verification recomputes a node's reported log-probs
+group by group, sharing each prompt's KV cache (``group_logprobs``). Both are
+the log-softmax of the raw logits (temperature 1); tests hold them equal.
 """
 
 from __future__ import annotations
@@ -47,3 +48,36 @@ def spread(values: Sequence[Sequence[float]], prompts: Sequence[Sequence[int]], 
     for i, (v, p) in enumerate(zip(values, prompts)):
         out[i, len(p) - 1 : len(p) - 1 + len(v)] = torch.tensor(v, dtype=torch.float32)
     return out
+
+
+@torch.no_grad()
+def group_logprobs(
+    model: torch.nn.Module, prompt: Sequence[int], completions: Sequence[Sequence[int]], pad_id: int
+) -> list[torch.Tensor]:
+    """Log-probs of each completion's tokens after the one shared ``prompt``.
+
+    Verification's shape: a GRPO group is many completions of one prompt, so
+    the prompt goes through the model once and its KV cache is shared by all
+    of them (the full recompute of ``completion_logprobs`` repeats the prompt
+    for every completion: on SmolLM2 with 5-token prompts and 4-token
+    completions that was twice the work).
+    """
+    out = model(input_ids=torch.tensor([list(prompt)]), use_cache=True)
+    first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)  # predicts every completion's token 0
+    n, width = len(completions), max(len(c) for c in completions)
+    result = [first[c[0]].reshape(1) for c in completions]
+    if width == 1:
+        return result
+    tokens = torch.full((n, width), pad_id, dtype=torch.long)
+    present = torch.zeros((n, width), dtype=torch.long)
+    for i, c in enumerate(completions):
+        tokens[i, : len(c)] = torch.tensor(list(c))
+        present[i, : len(c)] = 1
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(n)
+    # Position j of the completion predicts its token j + 1; right padding
+    # comes after every real token, so causal attention never sees it.
+    attention = torch.cat([torch.ones((n, len(prompt)), dtype=torch.long), present[:, :-1]], dim=1)
+    logits = model(input_ids=tokens[:, :-1], past_key_values=cache, attention_mask=attention).logits
+    rest = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    return [torch.cat([result[i], rest[i, : len(c) - 1]]) for i, c in enumerate(completions)]

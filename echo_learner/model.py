@@ -86,6 +86,22 @@ class ModelError(ValueError):
     """``--model`` names something that is not a model the learner can train."""
 
 
+def locate(source: str) -> dict:
+    """``from_pretrained`` arguments for ``source``; a ModelError (before
+    anything is loaded or written) if it cannot be a model."""
+    path = Path(source).expanduser()
+    if path.is_dir() and (path / "config.json").exists():
+        return {"pretrained_model_name_or_path": path}
+    if path.is_file() and path.suffix == ".gguf":
+        missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+        if missing:
+            raise ModelError(
+                f"loading a .gguf model needs {' and '.join(missing)}: pip install -e '.[llama]'"
+            )
+        return {"pretrained_model_name_or_path": path.parent, "gguf_file": path.name}
+    raise ModelError(f"{source}: not a Hugging Face model directory (with config.json) or a .gguf file")
+
+
 def load_model(source: str, seed: int = 0) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
     """The policy to train and its tokenizer, in float32 on the CPU.
 
@@ -98,15 +114,7 @@ def load_model(source: str, seed: int = 0) -> tuple[LlamaForCausalLM, PreTrained
         return build_model(ModelShape(seed=seed)), build_tokenizer()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = Path(source).expanduser()
-    if path.is_dir() and (path / "config.json").exists():
-        where: dict = {"pretrained_model_name_or_path": path}
-    elif path.is_file() and path.suffix == ".gguf":
-        if importlib.util.find_spec("gguf") is None:
-            raise ModelError("loading a .gguf model needs the gguf package: pip install -e '.[llama]'")
-        where = {"pretrained_model_name_or_path": path.parent, "gguf_file": path.name}
-    else:
-        raise ModelError(f"{source}: not a Hugging Face model directory (with config.json) or a .gguf file")
+    where = locate(source)
     try:
         loaded = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(**where)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from echo_learner.logprobs import completion_logprobs, spread
+from echo_learner.logprobs import group_logprobs
 from echo_learner.pool import PromptPool
 from protocol.errors import SignatureError
 from protocol.identity import verify
@@ -59,22 +59,24 @@ class Tolerance:
     mean: float
 
 
-# By the dtype the node declares. Rounding errors are heavy-tailed: on a model
-# trained to near-determinism (2,000 GRPO steps), llama.cpp's worst token was
-# off by 6e-5 (f32), 0.02 (f16) and 0.24-0.31 (q8_0), while a batch's mean was
-# at most 9e-5 (f16) and 4e-3 (q8_0). A model with every weight tripled (huge
-# activations, near-argmax attention) is the worst we measured: worst 2.6e-2 /
-# 0.67, mean 3e-3 / 7e-2. torch f32 sampling is within 8e-6
-# (tests/learner/test_logprob_check.py, tests/node/test_llama_backend.py).
-# The mean catches a forger who shifts many log-probs a little; one who shifts
-# a few by less than ``worst`` moves their importance weights by at most
-# exp(worst), which the PPO clip then bounds.
+# By the dtype the node declares, from llama.cpp against the learner's f32
+# recompute (tests/node/test_llama_backend.py, bench/inference.py):
+#                      f32 worst / mean    f16 worst / mean    q8_0 worst / mean
+#   built-in, trained  1e-5 / 3e-7         3e-3 / 1e-4         0.11 / 3e-3
+#   built-in, x3       2e-5 / 2e-6         3e-2 / 3e-3         0.56 / 7e-2
+#   SmolLM2-135M       2e-5 / 8e-6         2e-2 / 3e-3         0.88 / 0.10
+# (x3: every weight tripled, the hardest case we found). torch f32 sampling is
+# within 8e-6 (tests/learner/test_logprob_check.py). Rounding errors are
+# heavy-tailed and grow with depth, hence two bounds: the mean catches a forger
+# who shifts many log-probs a little; one who shifts a few by less than
+# ``worst`` moves their importance weights by at most exp(worst), which the PPO
+# clip then bounds.
 TOLERANCE = {
     "f32": Tolerance(worst=5e-3, mean=5e-4),
     "f16": Tolerance(worst=0.1, mean=1e-2),
     "bf16": Tolerance(worst=0.2, mean=2e-2),
-    "q8_0": Tolerance(worst=1.5, mean=0.15),
-    "q4_1": Tolerance(worst=3.0, mean=0.3),
+    "q8_0": Tolerance(worst=2.0, mean=0.3),
+    "q4_1": Tolerance(worst=4.0, mean=0.6),
 }
 
 
@@ -175,16 +177,13 @@ def logprob_error(
     tokens of the prompt its group ``i`` answers (looked up by the caller:
     this runs in a worker thread and must not touch the pool).
     """
-    rows, completions, reported = [], [], []
+    diffs = []
     for prompt, group in zip(prompts, batch.groups):
-        for c in group.completions:
-            rows.append(prompt)
-            completions.append(c.tokens)
-            reported.append(c.logprobs)
-    mine, mask = completion_logprobs(model, rows, completions, pad_id)
-    theirs = spread(reported, rows, mine.shape[1])
-    diff = (mine - theirs).abs() * mask
-    return LogprobError(worst=float(diff.max()), mean=float(diff.sum() / mask.sum()))
+        mine = group_logprobs(model, prompt, [c.tokens for c in group.completions], pad_id)
+        for recomputed, c in zip(mine, group.completions):
+            diffs.append((recomputed - torch.tensor(c.logprobs, dtype=torch.float32)).abs())
+    diff = torch.cat(diffs)
+    return LogprobError(worst=float(diff.max()), mean=float(diff.mean()))
 
 
 def check_logprobs(error: LogprobError, dtype: str) -> str | None:

@@ -5,6 +5,7 @@ A backend holds one policy version and samples completions from it:
     prepare(config_json, weights)  get a version (safetensors bytes) ready to
                                    run, while generation goes on
     use(prepared)                  swap it in (between generations)
+    close()                        free it when the node leaves
     generate(prompts, ...)       group_size samples per prompt, each sampled
                                  token with its log-prob
 
@@ -43,6 +44,9 @@ class Backend(Protocol):
 
     def load(self, config_json: str, weights: bytes) -> None:
         """``use(prepare(...))``: for callers that do not generate concurrently."""
+
+    def close(self) -> None:
+        """Free the loaded version (and any file made for it)."""
 
     def generate(
         self,

@@ -27,8 +27,10 @@ from safetensors.numpy import load
 from echo_node.backend import Sample
 from echo_node.gguf_export import write_gguf
 
-# llama.cpp's compile-time limit on sequences in one context.
-MAX_SEQUENCES = 256
+# Sequences decoded together. With a unified KV cache every token attends over
+# the cells of all sequences (masked), so very wide batches get slower: on the
+# built-in model 256 sequences ran at ~0.5x the tokens/s of 32-64.
+MAX_SEQUENCES = 64
 GGML_TYPE_F32 = 0
 FLASH_ATTN_DISABLED = 0
 
@@ -78,6 +80,9 @@ class LlamaBackend:
         self.context = context  # KV cells shared by all sequences of one batch
         self.loaded: Loaded | None = None
         self.rng = np.random.default_rng()  # OS entropy: samples must not be predictable
+        # Files a previous run left (killed before it could delete them).
+        for stale in work_dir.glob("policy-*.gguf*"):
+            stale.unlink()
 
     def prepare(self, config_json: str, weights: bytes) -> Loaded:
         """Export ``weights`` as a GGUF in this node's dtype and load it."""

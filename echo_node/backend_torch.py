@@ -45,6 +45,9 @@ class TorchBackend:
     def load(self, config_json: str, weights: bytes) -> None:
         self.use(self.prepare(config_json, weights))
 
+    def close(self) -> None:
+        self.model = self._spare = None
+
     @torch.no_grad()
     def generate(
         self,

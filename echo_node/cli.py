@@ -63,20 +63,20 @@ def join(config: NodeConfig, *, verbose: bool) -> None:
 
     import trio
 
+    from echo_node.backend import BackendUnavailable, choose
     from echo_node.node import NoLearnerFound, Node
-    from protocol.host import BadMultiaddr
+    from protocol.host import BadMultiaddr, check_addrs
     from protocol.identity import load_or_exit
     from protocol.runtime import run_until_signal
     from protocol.swarm import BootstrapUnreachable
 
-    from echo_node.backend import BackendUnavailable, choose
-
-    identity = load_or_exit(PROG, config.identity_path)
     try:
+        check_addrs(config.listen, config.bootstrap)
         backend, why = choose(config.backend, config.dtype, config.threads, config.gguf_dir)
-    except BackendUnavailable as exc:
+    except (BadMultiaddr, BackendUnavailable) as exc:
         fail(PROG, str(exc))
     print(f"backend: {backend.name} {backend.dtype} ({why})", flush=True)
+    identity = load_or_exit(PROG, config.identity_path)
     node = Node(config, identity, backend)
 
     async def main() -> None:
@@ -88,6 +88,8 @@ def join(config: NodeConfig, *, verbose: bool) -> None:
         run_until_signal(main)
     except (BadMultiaddr, BootstrapUnreachable, NoLearnerFound) as exc:
         fail(PROG, str(exc))
+    finally:
+        backend.close()
     print(
         f"node left the swarm: {node.rollouts_sent} rollouts sent, "
         f"{node.receipts_accepted} batches accepted",

@@ -30,6 +30,14 @@ class NodeConfig:
     max_upload_mbit: float = setting(
         0.0, "upload bandwidth cap in Mbit/s for serving weights to peers (0: uncapped)", lo=0
     )
+    max_deliveries: int = setting(
+        4, "most batches on their way to the learner at once (each waits for its verification)",
+        lo=1, hi=64,
+    )
+    prefetch_below_s: float = setting(
+        5.0, "ask for the next assignment while generating when one takes less than this "
+        "(hides the request's round trip; slower nodes ask when done)", lo=0,
+    )
     keep_versions: int = setting(2, "weight versions kept on disk (bounds disk use)", lo=1)
     max_peers: int = setting(16, "most swarm neighbours to exchange weights with", lo=1)
     # Small models decode fastest on one thread (llama.cpp: 2 threads were 3-5x

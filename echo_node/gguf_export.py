@@ -73,8 +73,12 @@ def write_gguf(config_json: str, tensors: dict[str, np.ndarray], path: Path, dty
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or hidden // heads
     layers, vocab = config["num_hidden_layers"], config["vocab_size"]
-    if config.get("rope_scaling"):
-        raise UnsupportedModel("rope scaling is not supported by the GGUF export")
+    # transformers 5 keeps RoPE settings in rope_parameters; older configs
+    # have rope_theta (and rope_scaling) at the top level.
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise UnsupportedModel(f"RoPE type {rope.get('rope_type')!r} is not supported by the GGUF export")
+    rope_theta = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
     names = _tensor_names(layers)
     unknown = set(tensors) - set(names)
     if unknown:
@@ -91,7 +95,7 @@ def write_gguf(config_json: str, tensors: dict[str, np.ndarray], path: Path, dty
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(float(config.get("rope_theta", 10000.0)))
+    writer.add_rope_freq_base(rope_theta)
     writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
     writer.add_vocab_size(vocab)
     writer.add_file_type({

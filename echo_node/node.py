@@ -1,13 +1,12 @@
 """The volunteer node: find a job, keep the current weights, roll out, submit.
 
 ``run`` reads top to bottom: join the swarm, find a learner through the DHT,
-then loop: ask for work -> if the version we hold is older than the
-assignment allows, fetch the one it names (else keep working and fetch it in
-the background) -> generate (in a worker thread) -> sign -> hand the batch to
-the submitter. The submitter sends it and checks the signed receipt while the
-next batch is generated, so the backend never waits for the learner's
-verification. A learner that does not answer is retried after a pause;
-Ctrl-C cancels the loops and the host closes its connections.
+then run three stages as a pipeline, so the backend never waits on the
+network: ask for work (if the version we hold is older than the assignment
+allows, fetch the one it names; else keep working and fetch it in the
+background) -> generate (in a worker thread) and sign -> deliver the batch and
+check the signed receipt. A learner that does not answer is retried after a
+pause; Ctrl-C cancels the stages and the host closes its connections.
 """
 
 from __future__ import annotations
@@ -85,6 +84,7 @@ class Node:
         self._update_lock = trio.Lock()
         self._backend_lock = trio.Lock()
         self._outbox: trio.MemorySendChannel[RolloutBatch] | None = None
+        self._generate_s = 0.0  # how long the last assignment took to generate
 
     @asynccontextmanager
     async def joined(self) -> AsyncIterator[Swarm]:
@@ -113,37 +113,76 @@ class Node:
             )
             await nursery.start(self.engine.run)
             nursery.start_soon(self._follow_versions)
-            # One signed batch may wait while the next is generated: enough to
-            # hide the submission, and a bound on memory if the learner stalls.
-            self._outbox, batches_out = trio.open_memory_channel[RolloutBatch](1)
-            nursery.start_soon(self._submit_batches, batches_out)
+            # Three stages, each its own task, so the backend never waits on the
+            # network: fetch work -> generate and sign -> deliver. The generator
+            # asks for each assignment (early, while it still generates, when
+            # it is fast); at most --max-deliveries batches are on their way.
+            wants_in, wants_out = trio.open_memory_channel[None](1)
+            work_in, work_out = trio.open_memory_channel[WorkAssignment](0)
+            self._outbox, batches_out = trio.open_memory_channel[RolloutBatch](0)
+            nursery.start_soon(self._generate, work_out, wants_in)
+            nursery.start_soon(self._deliver_all, batches_out)
             task_status.started((self.learner, self.job_id))
-            failures = 0
-            while True:
+            await self._fetch_work(wants_out, work_in)
+
+    async def _fetch_work(
+        self, wants: trio.MemoryReceiveChannel[None], assignments: trio.MemorySendChannel[WorkAssignment]
+    ) -> None:
+        """One assignment per request from the generator."""
+        failures = 0
+        async for _ in wants:
+            work = None
+            while work is None:
                 try:
                     work = await self.request_work()
-                    if work is not None:
-                        await self.roll_out(work)
                 except (RequestFailed, ProtocolError) as exc:
                     if failures == 0:
                         event(log, logging.WARNING, "lost the learner; retrying", error=exc)
                     failures += 1
                     # Exponential backoff for a learner that may be restarting
                     # or gone, not synchronisation.
-                    await trio.sleep(min(cfg.retry_s * 2 ** min(failures - 1, 10), cfg.max_retry_s))
+                    await trio.sleep(
+                        min(self.config.retry_s * 2 ** min(failures - 1, 10), self.config.max_retry_s)
+                    )
                     continue
                 if failures:
                     event(log, logging.WARNING, "learner is back", after_failures=failures)
                     failures = 0
+            await assignments.send(work)
 
-    async def _submit_batches(self, batches: trio.MemoryReceiveChannel[RolloutBatch]) -> None:
-        async for batch in batches:
-            try:
-                await self.deliver(batch)
-            except (RequestFailed, ProtocolError) as exc:
-                # The work loop notices a lost learner on its next request and
-                # backs off; this batch's prompts go to another node.
-                event(log, logging.WARNING, "batch not delivered", version=batch.version, error=exc)
+    async def _generate(
+        self, assignments: trio.MemoryReceiveChannel[WorkAssignment], wants: trio.MemorySendChannel[None]
+    ) -> None:
+        await wants.send(None)
+        async for work in assignments:
+            # Fetching the next assignment during this generation hides the
+            # request's round trip; a slow backend asks only when done, so an
+            # assignment never waits out its deadline behind another.
+            early = self._generate_s < self.config.prefetch_below_s
+            if early:
+                await wants.send(None)
+            started = time.monotonic()
+            await self.roll_out(work)
+            self._generate_s = time.monotonic() - started
+            if not early:
+                await wants.send(None)
+
+    async def _deliver_all(self, batches: trio.MemoryReceiveChannel[RolloutBatch]) -> None:
+        in_flight = trio.Semaphore(self.config.max_deliveries)
+        async with trio.open_nursery() as nursery:
+            async for batch in batches:
+                await in_flight.acquire()
+                nursery.start_soon(self._deliver_one, batch, in_flight)
+
+    async def _deliver_one(self, batch: RolloutBatch, in_flight: trio.Semaphore) -> None:
+        try:
+            await self.deliver(batch)
+        except (RequestFailed, ProtocolError) as exc:
+            # The work loop notices a lost learner on its next request and
+            # backs off; this batch's prompts go to another node.
+            event(log, logging.WARNING, "batch not delivered", version=batch.version, error=exc)
+        finally:
+            in_flight.release()
 
     async def find_learner(self) -> None:
         """Look up a learner in the DHT and read its job from its signed manifest record."""

@@ -111,7 +111,9 @@ def decode(data: bytes, *expected: type[T]) -> T:
 def _sorted(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _sorted(obj[k]) for k in sorted(obj)}
-    if isinstance(obj, (list, tuple)):
+    # Schema lists are homogeneous (``ListOf``): one of scalars (token ids,
+    # log-probs: most of a batch) has nothing to sort.
+    if isinstance(obj, (list, tuple)) and obj and isinstance(obj[0], (dict, list, tuple)):
         return [_sorted(v) for v in obj]
     return obj
 

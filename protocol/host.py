@@ -45,6 +45,15 @@ def parse_peer_addr(text: str) -> PeerInfo:
         ) from None
 
 
+def check_addrs(listen: Sequence[str], bootstrap: Sequence[str]) -> None:
+    """Raise BadMultiaddr for the first unusable address: a CLI calls this
+    before it creates anything, so a typo changes nothing on disk."""
+    for text in listen:
+        parse_multiaddr(text)
+    for text in bootstrap:
+        parse_peer_addr(text)
+
+
 def make_host(identity: Identity, listen: Sequence[str]) -> IHost:
     key_pair = identity.key_pair
     addrs = [parse_multiaddr(a) for a in listen]

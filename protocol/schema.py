@@ -9,6 +9,7 @@ dataclass; anything else raises ``DecodeError`` naming the field.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, TypeVar
 
@@ -19,6 +20,9 @@ T = TypeVar("T")
 
 class Checker:
     """Checks one decoded value and returns it in its Python form."""
+
+    # Scalars are their own wire form: lists of them skip per-item to_wire.
+    scalar = True
 
     def check(self, value: Any, where: str) -> Any:  # pragma: no cover - interface
         raise NotImplementedError
@@ -99,6 +103,7 @@ class ListOf(Checker):
     item: Checker
     max_len: int
     min_len: int = 0
+    scalar = False
 
     def check(self, value: Any, where: str) -> tuple[Any, ...]:
         if type(value) is not list:
@@ -107,15 +112,27 @@ class ListOf(Checker):
             raise DecodeError(
                 f"{where}: {len(value)} items outside [{self.min_len}, {self.max_len}]"
             )
-        return tuple(self.item.check(v, f"{where}[{i}]") for i, v in enumerate(value))
+        # Rollouts carry thousands of token ids and log-probs: check them
+        # without building a location string per item, and only on failure
+        # go through again to name the offending one.
+        check = self.item.check
+        try:
+            return tuple([check(v, where) for v in value])
+        except DecodeError:
+            for i, v in enumerate(value):
+                check(v, f"{where}[{i}]")
+            raise
 
     def to_wire(self, value: Any) -> Any:
+        if self.item.scalar:
+            return list(value)
         return [self.item.to_wire(v) for v in value]
 
 
 @dataclasses.dataclass(frozen=True)
 class Nested(Checker):
     cls: type
+    scalar = False
 
     def check(self, value: Any, where: str) -> Any:
         return from_wire(self.cls, value, where)
@@ -129,8 +146,9 @@ def check(checker: Checker) -> dict[str, Checker]:
     return {"check": checker}
 
 
-def _fields(cls: type) -> list[tuple[str, Checker]]:
-    return [(f.name, f.metadata["check"]) for f in dataclasses.fields(cls)]
+@functools.cache
+def _fields(cls: type) -> tuple[tuple[str, Checker], ...]:
+    return tuple((f.name, f.metadata["check"]) for f in dataclasses.fields(cls))
 
 
 def to_wire(msg: Any) -> dict[str, Any]:

@@ -30,16 +30,21 @@ class LocalSwarm:
     root: Path
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     bootstrap_addr: str = ""
+    # Optional CPU pinning by process name (benchmarks: give a node its own
+    # core, as it would have on a volunteer's machine).
+    cpus: dict[str, set[int]] = field(default_factory=dict)
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.root / f"{name}.log", "w")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        cpus = self.cpus.get(name)
         proc = subprocess.Popen(
             [sys.executable, "-m", *args],
             stdout=subprocess.PIPE if name == "bootstrap" else log,
             stderr=log,
             env=env,
             start_new_session=True,  # Ctrl-C in the terminal reaches us, not them
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
         )
         self.procs[name] = proc
         return proc

@@ -25,6 +25,7 @@ from echo_learner.verify import (
     REPLAYED,
     WRONG_SIGNER,
 )
+from echo_node.backend_torch import TorchBackend
 from echo_node.config import NodeConfig
 from echo_node.node import Node
 from protocol import framing
@@ -69,7 +70,7 @@ def out_of_window(node, batch, work):
 
 class Adversary(Node):
     def __init__(self, config, identity, attack, victim=""):
-        super().__init__(config, identity)
+        super().__init__(config, identity, TorchBackend(threads=1))
         self.attack = attack
         self.victim = victim
         self.replies = []

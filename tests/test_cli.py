@@ -45,6 +45,11 @@ def test_help_explains(module):
         (["echo_learner", "ledger"], "cannot read the ledger"),
         (["echo_learner", "export", "/tmp/echo-export-never-written"], "no checkpoint at"),
         (["echo_node", "credits", "--bootstrap", DEAD], "no node identity"),
+        (["echo_node", "join", "--bootstrap", DEAD, "--backend", "cuda"], "invalid choice"),
+        (["echo_node", "join", "--bootstrap", DEAD, "--dtype", "q2"], "invalid choice"),
+        (["echo_node", "join", "--bootstrap", DEAD, "--backend", "torch", "--dtype", "q8_0"],
+         "torch backend runs f32 only"),
+        (["echo_learner", "run", "--model", "/no/such/model.gguf"], "not a Hugging Face model directory"),
     ],
 )
 def test_bad_arguments_give_one_line(args, message, tmp_path):
@@ -54,6 +59,7 @@ def test_bad_arguments_give_one_line(args, message, tmp_path):
     assert message in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "Traceback" not in out.stderr
+    assert not (tmp_path / "x").exists()  # bad input changes nothing
 
 
 def test_node_with_bad_bootstrap_address(tmp_path):
@@ -103,3 +109,13 @@ def test_export_refuses_a_non_empty_directory(tmp_path):
 def test_learner_reader_commands_explain_themselves(command):
     out = run("echo_learner", command, "--help")
     assert out.returncode == 0 and "--data-dir" in out.stdout
+
+
+def test_a_bad_address_creates_no_identity(tmp_path):
+    for module, args in (
+        ("echo_node", ["join", "--bootstrap", "/ip4/127.0.0.1/tcp/1", "--data-dir", str(tmp_path / "n")]),
+        ("echo_learner", ["run", "--listen", "/ip4/nonsense", "--data-dir", str(tmp_path / "l")]),
+    ):
+        out = run(module, *args)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert not list(tmp_path.iterdir())

@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 import torch
 
-from echo_learner.logprobs import completion_logprobs
+from echo_learner.logprobs import group_logprobs
 from echo_learner.model import ModelShape, build_model, config_json
 from echo_learner.trainer import Objective, Trainer
 from echo_learner.verify import TOLERANCE
@@ -86,13 +86,12 @@ def worst_difference(model, backend, rng, batches=4):
             (257, *(rng.randrange(97, 101) for _ in range(rng.randint(1, 12))), 61) for _ in range(4)
         ]
         groups = backend.generate(prompts, 16, 16, 1.0, (EOS,))
-        rows = [(p, s) for p, g in zip(prompts, groups) for s in g]
-        with torch.no_grad():
-            learner, _ = completion_logprobs(model, [p for p, _ in rows], [s.tokens for _, s in rows], 256)
-        for i, (p, s) in enumerate(rows):
-            ref = learner[i, len(p) - 1 : len(p) - 1 + len(s.tokens)]
-            diff = (ref - torch.tensor(s.logprobs)).abs()
-            worst, total, tokens = max(worst, diff.max().item()), total + diff.sum().item(), tokens + len(diff)
+        for prompt, group in zip(prompts, groups):
+            # The learner's verification recompute.
+            learner = group_logprobs(model, prompt, [s.tokens for s in group], 256)
+            for ref, s in zip(learner, group):
+                diff = (ref - torch.tensor(s.logprobs)).abs()
+                worst, total, tokens = max(worst, diff.max().item()), total + diff.sum().item(), tokens + len(diff)
     return worst, total / tokens, tokens
 
 
