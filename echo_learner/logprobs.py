@@ -51,33 +51,55 @@ def spread(values: Sequence[Sequence[float]], prompts: Sequence[Sequence[int]], 
 
 
 @torch.no_grad()
-def group_logprobs(
-    model: torch.nn.Module, prompt: Sequence[int], completions: Sequence[Sequence[int]], pad_id: int
-) -> list[torch.Tensor]:
-    """Log-probs of each completion's tokens after the one shared ``prompt``.
+def grouped_logprobs(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    groups: Sequence[Sequence[Sequence[int]]],
+    pad_id: int,
+) -> list[list[torch.Tensor]]:
+    """Log-probs of every completion's tokens; ``groups[g]`` all continue ``prompts[g]``.
 
     Verification's shape: a GRPO group is many completions of one prompt, so
-    the prompt goes through the model once and its KV cache is shared by all
-    of them (the full recompute of ``completion_logprobs`` repeats the prompt
-    for every completion: on SmolLM2 with 5-token prompts and 4-token
-    completions that was twice the work).
+    each prompt goes through the model once and its KV cache is shared by its
+    completions (the full recompute of ``completion_logprobs`` repeats the
+    prompt for every completion: on SmolLM2 with 5-token prompts and 4-token
+    completions, twice the work). Two forward passes for the whole batch:
+    the prompts, left-padded; then every completion, right-padded.
     """
-    out = model(input_ids=torch.tensor([list(prompt)]), use_cache=True)
-    first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)  # predicts every completion's token 0
-    n, width = len(completions), max(len(c) for c in completions)
-    result = [first[c[0]].reshape(1) for c in completions]
-    if width == 1:
-        return result
-    tokens = torch.full((n, width), pad_id, dtype=torch.long)
-    present = torch.zeros((n, width), dtype=torch.long)
-    for i, c in enumerate(completions):
-        tokens[i, : len(c)] = torch.tensor(list(c))
-        present[i, : len(c)] = 1
-    cache = out.past_key_values
-    cache.batch_repeat_interleave(n)
-    # Position j of the completion predicts its token j + 1; right padding
-    # comes after every real token, so causal attention never sees it.
-    attention = torch.cat([torch.ones((n, len(prompt)), dtype=torch.long), present[:, :-1]], dim=1)
-    logits = model(input_ids=tokens[:, :-1], past_key_values=cache, attention_mask=attention).logits
-    rest = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
-    return [torch.cat([result[i], rest[i, : len(c) - 1]]) for i, c in enumerate(completions)]
+    n_groups, width_p = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((n_groups, width_p), pad_id, dtype=torch.long)
+    seen = torch.zeros((n_groups, width_p), dtype=torch.long)
+    for g, p in enumerate(prompts):
+        ids[g, width_p - len(p) :] = torch.tensor(list(p))
+        seen[g, width_p - len(p) :] = 1
+    positions = (seen.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=seen, position_ids=positions, use_cache=True)
+    first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # predicts each completion's token 0
+
+    sizes = [len(group) for group in groups]
+    rows = [(g, c) for g, group in enumerate(groups) for c in group]
+    width = max(len(c) for _, c in rows)
+    result = [first[g, c[0]].reshape(1) for g, c in rows]
+    if width > 1:
+        tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        present = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, (_, c) in enumerate(rows):
+            tokens[i, : len(c)] = torch.tensor(list(c))
+            present[i, : len(c)] = 1
+        owner = torch.tensor([g for g, _ in rows])
+        cache = out.past_key_values
+        cache.batch_select_indices(owner)  # every row gets its own prompt's cache
+        # Position j of a completion predicts its token j + 1; right padding
+        # comes after every real token, so causal attention never sees it.
+        attention = torch.cat([seen[owner], present[:, :-1]], dim=1)
+        steps = torch.arange(width - 1)[None, :] + torch.tensor([len(prompts[g]) for g, _ in rows])[:, None]
+        logits = model(
+            input_ids=tokens[:, :-1], attention_mask=attention, position_ids=steps, past_key_values=cache
+        ).logits
+        rest = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+        result = [torch.cat([result[i], rest[i, : len(c) - 1]]) for i, (_, c) in enumerate(rows)]
+    out_groups, i = [], 0
+    for size in sizes:
+        out_groups.append(result[i : i + size])
+        i += size
+    return out_groups

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from echo_learner.logprobs import group_logprobs
+from echo_learner.logprobs import grouped_logprobs
 from echo_learner.pool import PromptPool
 from protocol.errors import SignatureError
 from protocol.identity import verify
@@ -177,11 +177,13 @@ def logprob_error(
     tokens of the prompt its group ``i`` answers (looked up by the caller:
     this runs in a worker thread and must not touch the pool).
     """
-    diffs = []
-    for prompt, group in zip(prompts, batch.groups):
-        mine = group_logprobs(model, prompt, [c.tokens for c in group.completions], pad_id)
-        for recomputed, c in zip(mine, group.completions):
-            diffs.append((recomputed - torch.tensor(c.logprobs, dtype=torch.float32)).abs())
+    assert len(prompts) == len(batch.groups), "one prompt per group"
+    mine = grouped_logprobs(model, prompts, [[c.tokens for c in g.completions] for g in batch.groups], pad_id)
+    diffs = [
+        (recomputed - torch.tensor(c.logprobs, dtype=torch.float32)).abs()
+        for group, recomputed_group in zip(batch.groups, mine)
+        for c, recomputed in zip(group.completions, recomputed_group)
+    ]
     diff = torch.cat(diffs)
     return LogprobError(worst=float(diff.max()), mean=float(diff.mean()))
 

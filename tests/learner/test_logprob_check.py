@@ -84,7 +84,7 @@ def test_forged_logprobs_are_caught():
     for forged in (forge(lowered), forge(uniform)):
         error = logprob_error(model, prompts[:1], forged, pad_id=256)
         assert check_logprobs(error, "f32") == BAD_LOGPROBS
-    assert check_logprobs(logprob_error(model, prompts[:1], honest, pad_id=256), "f32") is None
+    assert check_logprobs(logprob_error(model, prompts[:1], forge(first), pad_id=256), "f32") is None
 
 
 def test_many_small_shifts_are_caught_by_the_batch_mean():
@@ -106,16 +106,22 @@ def test_many_small_shifts_are_caught_by_the_batch_mean():
 
 def test_the_grouped_recompute_equals_the_full_one():
     """Verification shares each prompt's KV cache; training recomputes whole rows."""
-    from echo_learner.logprobs import completion_logprobs, group_logprobs
+    from echo_learner.logprobs import completion_logprobs, grouped_logprobs
 
     rng = random.Random(4)
     for model in versions(2):
-        prompt = (257, *(rng.randrange(97, 101) for _ in range(rng.randint(1, 12))), 61)
-        completions = [tuple(rng.randrange(0, 259) for _ in range(rng.randint(1, 20))) for _ in range(16)]
-        grouped = group_logprobs(model, prompt, completions, pad_id=256)
+        prompts = [(257, *(rng.randrange(97, 101) for _ in range(rng.randint(1, 12))), 61) for _ in range(4)]
+        groups = [
+            [tuple(rng.randrange(0, 259) for _ in range(rng.randint(1, 20))) for _ in range(rng.randint(1, 16))]
+            for _ in prompts
+        ]
+        grouped = grouped_logprobs(model, prompts, groups, pad_id=256)
+        rows = [(p, c) for p, group in zip(prompts, groups) for c in group]
         with torch.no_grad():
-            full, _ = completion_logprobs(model, [prompt] * 16, completions, pad_id=256)
-        for i, c in enumerate(completions):
-            expected = full[i, len(prompt) - 1 : len(prompt) - 1 + len(c)]
-            assert grouped[i].shape == expected.shape
-            assert (grouped[i] - expected).abs().max() < 1e-5
+            full, _ = completion_logprobs(model, [p for p, _ in rows], [c for _, c in rows], pad_id=256)
+        flat = [lp for group in grouped for lp in group]
+        assert [len(g) for g in grouped] == [len(g) for g in groups]
+        for i, (p, c) in enumerate(rows):
+            expected = full[i, len(p) - 1 : len(p) - 1 + len(c)]
+            assert flat[i].shape == expected.shape
+            assert (flat[i] - expected).abs().max() < 1e-5

@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 import torch
 
-from echo_learner.logprobs import group_logprobs
+from echo_learner.logprobs import grouped_logprobs
 from echo_learner.model import ModelShape, build_model, config_json
 from echo_learner.trainer import Objective, Trainer
 from echo_learner.verify import TOLERANCE
@@ -86,10 +86,10 @@ def worst_difference(model, backend, rng, batches=4):
             (257, *(rng.randrange(97, 101) for _ in range(rng.randint(1, 12))), 61) for _ in range(4)
         ]
         groups = backend.generate(prompts, 16, 16, 1.0, (EOS,))
-        for prompt, group in zip(prompts, groups):
-            # The learner's verification recompute.
-            learner = group_logprobs(model, prompt, [s.tokens for s in group], 256)
-            for ref, s in zip(learner, group):
+        # The learner's verification recompute.
+        learner = grouped_logprobs(model, prompts, [[s.tokens for s in g] for g in groups], 256)
+        for learner_group, group in zip(learner, groups):
+            for ref, s in zip(learner_group, group):
                 diff = (ref - torch.tensor(s.logprobs)).abs()
                 worst, total, tokens = max(worst, diff.max().item()), total + diff.sum().item(), tokens + len(diff)
     return worst, total / tokens, tokens
