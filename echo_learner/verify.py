@@ -63,7 +63,7 @@ class Tolerance:
 # recompute (tests/node/test_llama_backend.py, bench/inference.py):
 #                      f32 worst / mean    f16 worst / mean    q8_0 worst / mean
 #   built-in, trained  1e-5 / 3e-7         3e-3 / 1e-4         0.11 / 3e-3
-#   built-in, x3       2e-5 / 2e-6         3e-2 / 3e-3         0.56 / 7e-2
+#   built-in, x3       2e-5 / 2e-6         3e-2 / 3e-3         0.56-1.15 / 7e-2
 #   SmolLM2-135M       2e-5 / 8e-6         2e-2 / 3e-3         0.88 / 0.10
 # (x3: every weight tripled, the hardest case we found). torch f32 sampling is
 # within 8e-6 (tests/learner/test_logprob_check.py). Rounding errors are
@@ -75,8 +75,8 @@ TOLERANCE = {
     "f32": Tolerance(worst=5e-3, mean=5e-4),
     "f16": Tolerance(worst=0.1, mean=1e-2),
     "bf16": Tolerance(worst=0.2, mean=2e-2),
-    "q8_0": Tolerance(worst=2.0, mean=0.3),
-    "q4_1": Tolerance(worst=4.0, mean=0.6),
+    "q8_0": Tolerance(worst=3.0, mean=0.3),
+    "q4_1": Tolerance(worst=6.0, mean=0.6),
 }
 
 

@@ -15,7 +15,6 @@ step decodes one token of every unfinished sequence together.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ MAX_SEQUENCES = 64
 GGML_TYPE_F32 = 0
 FLASH_ATTN_DISABLED = 0
 
-log = logging.getLogger("llama.cpp")
+log = logging.getLogger(__name__)  # llama.cpp's own log, at DEBUG: shown with -v
 
 
 @llama_cpp.llama_log_callback
@@ -79,6 +78,7 @@ class LlamaBackend:
         self.work_dir = work_dir
         self.context = context  # KV cells shared by all sequences of one batch
         self.loaded: Loaded | None = None
+        self.prepared = 0  # numbers the files: a version never overwrites the one in use
         self.rng = np.random.default_rng()  # OS entropy: samples must not be predictable
         # Files a previous run left (killed before it could delete them).
         for stale in work_dir.glob("policy-*.gguf*"):
@@ -87,20 +87,17 @@ class LlamaBackend:
     def prepare(self, config_json: str, weights: bytes) -> Loaded:
         """Export ``weights`` as a GGUF in this node's dtype and load it."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        name = f"policy-{hashlib.sha256(weights).hexdigest()[:16]}-{self.dtype}.gguf"
-        path = self.work_dir / name
+        self.prepared += 1
+        path = self.work_dir / f"policy-{self.prepared}-{self.dtype}.gguf"
         write_gguf(config_json, load(weights), path, self.dtype)
-        n_ctx = self.context
-
         model_params = llama_cpp.llama_model_default_params()
         model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
         if not model:
             path.unlink(missing_ok=True)
             raise LlamaError(f"llama.cpp could not load {path}")
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = n_ctx
-        params.n_ubatch = min(n_ctx, 512)
+        params.n_ctx = params.n_batch = self.context
+        params.n_ubatch = min(self.context, 512)
         params.n_seq_max = MAX_SEQUENCES
         params.kv_unified = True  # the group's sequences share their prompt's cells
         params.n_threads = params.n_threads_batch = self.threads
