@@ -16,15 +16,20 @@ placeholders. For the built-in model that is its real vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from protocol.bytevocab import byte_chars
 
-# dtype name (as rollouts declare it) -> what the matrices are stored as.
+if TYPE_CHECKING:
+    import gguf  # imported where used: only llama.cpp nodes need it
+
+# The dtypes a node can run (names as rollouts declare them).
 GGUF_DTYPES = ("f32", "f16", "q8_0")
 
 
@@ -61,7 +66,7 @@ def _tensor_names(layers: int) -> dict[str, str]:
 
 def write_gguf(config_json: str, tensors: dict[str, np.ndarray], path: Path, dtype: str) -> None:
     """Write ``tensors`` (Hugging Face names, float32) as a llama.cpp GGUF at
-    ``path``, atomically (a crash leaves no half-written file under that name)."""
+    ``path``, atomically (a crash or a refusal leaves no file under that name)."""
     import gguf
 
     if dtype not in GGUF_DTYPES:
@@ -69,41 +74,62 @@ def write_gguf(config_json: str, tensors: dict[str, np.ndarray], path: Path, dty
     config = json.loads(config_json)
     if config.get("model_type") != "llama":
         raise UnsupportedModel(f"llama.cpp export supports the llama architecture, not {config.get('model_type')!r}")
-    hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or hidden // heads
-    layers, vocab = config["num_hidden_layers"], config["vocab_size"]
+    unknown = set(tensors) - set(_tensor_names(config["num_hidden_layers"]))
+    if unknown:
+        raise UnsupportedModel(f"unexpected tensors: {sorted(unknown)[:5]}")
+    tmp = path.with_name(path.name + ".tmp")
+    writer = gguf.GGUFWriter(str(tmp), arch="llama")
+    try:
+        _add_hyperparameters(writer, config, dtype)
+        _add_vocabulary(writer, config)
+        _add_tensors(writer, config, tensors, dtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(Exception):
+            writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+
+
+def _add_hyperparameters(writer: gguf.GGUFWriter, config: dict, dtype: str) -> None:
+    import gguf
+
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
     # transformers 5 keeps RoPE settings in rope_parameters; older configs
     # have rope_theta (and rope_scaling) at the top level.
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if rope.get("rope_type", rope.get("type", "default")) != "default":
         raise UnsupportedModel(f"RoPE type {rope.get('rope_type')!r} is not supported by the GGUF export")
-    rope_theta = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
-    names = _tensor_names(layers)
-    unknown = set(tensors) - set(names)
-    if unknown:
-        raise UnsupportedModel(f"unexpected tensors: {sorted(unknown)[:5]}")
-
-    tmp = path.with_name(path.name + ".tmp")
-    writer = gguf.GGUFWriter(str(tmp), arch="llama")
     writer.add_context_length(config.get("max_position_embeddings", 2048))
-    writer.add_embedding_length(hidden)
-    writer.add_block_count(layers)
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
+    writer.add_head_count_kv(config.get("num_key_value_heads") or heads)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(rope_theta)
+    writer.add_rope_freq_base(float(rope.get("rope_theta", config.get("rope_theta", 10000.0))))
     writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
-    writer.add_vocab_size(vocab)
+    writer.add_vocab_size(config["vocab_size"])
     writer.add_file_type({
         "f32": gguf.LlamaFileType.ALL_F32,
         "f16": gguf.LlamaFileType.MOSTLY_F16,
         "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
     }[dtype])
 
+
+def _add_vocabulary(writer: gguf.GGUFWriter, config: dict) -> None:
+    import gguf
+
+    vocab = config["vocab_size"]
     tokens = list(byte_chars()[: min(vocab, 256)]) + [f"<|tok_{i}|>" for i in range(256, vocab)]
     types = [gguf.TokenType.NORMAL] * vocab
     for key, add in (
@@ -123,6 +149,13 @@ def write_gguf(config_json: str, tensors: dict[str, np.ndarray], path: Path, dty
     writer.add_token_merges(["<|tok_merge_a|> <|tok_merge_b|>"])
     writer.add_add_bos_token(False)
 
+
+def _add_tensors(writer: gguf.GGUFWriter, config: dict, tensors: dict[str, np.ndarray], dtype: str) -> None:
+    import gguf
+
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    names = _tensor_names(config["num_hidden_layers"])
     for hf_name, array in sorted(tensors.items()):
         data = np.ascontiguousarray(array, dtype=np.float32)
         if hf_name.endswith("q_proj.weight"):
@@ -137,11 +170,3 @@ def write_gguf(config_json: str, tensors: dict[str, np.ndarray], path: Path, dty
         else:
             qtype = gguf.GGMLQuantizationType.Q8_0
             writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
