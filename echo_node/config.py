@@ -23,8 +23,8 @@ class NodeConfig:
         choices=("auto", "torch", "llama"),
     )
     dtype: str = setting(
-        "f32", "llama.cpp weight precision: f32, f16 or q8_0 (smaller and faster, a little "
-        "less exact; torch runs f32)", choices=("f32", "f16", "q8_0"),
+        "f32", "llama.cpp weight precision: f16 and q8_0 are 2x and 4x smaller, a little "
+        "less exact (the learner allows for it); torch runs f32", choices=("f32", "f16", "q8_0"),
     )
     max_prompts: int = setting(4, "most prompts to take per work request", lo=1, hi=256)
     max_upload_mbit: float = setting(
