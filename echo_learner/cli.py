@@ -127,7 +127,7 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
             print(f"learner {identity.peer_id_str} job {learner.job_id} ({config.mode} mode)", flush=True)
             for addr in addrs:
                 print(f"listening on {addr}", flush=True)
-            print(f"status API: {api_url}", flush=True)
+            print(f"status page: {api_url} (JSON API under /api/, Prometheus metrics at /metrics)", flush=True)
 
     try:
         stopped = run_until_signal(main)

@@ -136,6 +136,7 @@ class Learner:
         self.swarm: Swarm | None = None
         self.engine: BroadcastEngine | None = None
         self.addrs: list[str] = []
+        self.bytes_published = 0
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -174,7 +175,10 @@ class Learner:
                 self.engine.have_listener = self._on_have
                 await nursery.start(self.engine.run)
                 api_url = await nursery.start(serve_api, self, cfg.status_host, cfg.status_port)
-                cfg.api_path.write_text(json.dumps({"url": api_url, "pid": os.getpid()}))
+                # Atomically: `status`, the demo and tests read it while we run.
+                tmp = cfg.api_path.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"url": api_url, "pid": os.getpid()}))
+                os.replace(tmp, cfg.api_path)
                 await self.publish(first_version=resumed_version)
                 await self.announce()
                 self.addrs = full_addrs(host)
@@ -344,6 +348,7 @@ class Learner:
         self.ledger.record_version(version, self.step, now_ms(), encoded)
         self.policies.add(version, snapshot)
         await self.engine.publish(signed, chunks)
+        self.bytes_published += signed.total_size
         self.version = version
         self.pool.set_open(self.pool.open, min_version=version - self.config.window)
         self.meter.on_publish(version, t0, time.monotonic())
@@ -397,5 +402,31 @@ class Learner:
             "utilization": round(self.meter.utilization(), 4),
             "measurements": inputs,
             "capacity": forecast(**inputs).to_json(),
+            "broadcast": self._broadcast_status(),
+            "bootstrap": self._bootstrap_status(),
             "addrs": self.addrs,
         }
+
+    def _broadcast_status(self) -> dict:
+        """The newest version: its size, how many recent nodes hold it, the
+        mean time versions take to reach a node; and all bytes published."""
+        store = self.engine.store if self.engine else None
+        newest = store.manifests.get(self.version) if store else None
+        holders = sum(1 for p in self.peers.active(within_s=self.config.capacity_window_s)
+                      if p.held_version >= self.version)
+        return {
+            "version": self.version,
+            "bytes": newest.total_size if newest else 0,
+            "holders": holders,
+            "seconds": round(self.meter.broadcast_s, 3),
+            "bytes_published": self.bytes_published,
+        }
+
+    def _bootstrap_status(self) -> list[dict]:
+        """Each configured bootstrap peer and whether we hold a connection to it."""
+        connected = set(self.swarm.host.get_network().connections) if self.swarm else set()
+        out = []
+        for addr in self.config.bootstrap:
+            peer = addr.rsplit("/p2p/", 1)[-1]
+            out.append({"addr": addr, "connected": any(p.to_base58() == peer for p in connected)})
+        return out

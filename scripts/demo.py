@@ -9,6 +9,7 @@ started is gone when it returns.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import time
@@ -41,7 +42,12 @@ def main() -> int:
         for i in range(args.nodes):
             swarm.start_node(i)
         shown = -1
+        page = ""
         while learner.poll() is None:
+            api = args.dir / "learner" / "api.json"
+            if not page and api.exists():
+                page = json.loads(api.read_text())["url"]
+                print(f"demo: status page: {page}", flush=True)
             if time.monotonic() - started > args.timeout_s:
                 raise SwarmError(f"learner did not finish within {args.timeout_s:.0f} s")
             metrics = swarm.metrics()

@@ -4,7 +4,7 @@ import json
 
 import trio
 
-from echo_learner.api import MAX_REQUEST_BYTES, BadRequest, _handle, respond
+from echo_learner.api import JSON, MAX_REQUEST_BYTES, BadRequest, Body, _handle, respond
 
 
 def boom(query):
@@ -21,11 +21,11 @@ TABLE = {"/api/ok": lambda q: {"ok": 1, "q": q}, "/api/limit": limit, "/api/boom
 
 
 def test_respond_routes_and_maps_errors_to_status_codes():
-    assert respond(TABLE, "GET", "/api/ok?x=1") == (200, json.dumps({"ok": 1, "q": {"x": ["1"]}}).encode())
+    assert respond(TABLE, "GET", "/api/ok?x=1") == (200, Body(JSON, json.dumps({"ok": 1, "q": {"x": ["1"]}}).encode()))
     assert respond(TABLE, "GET", "/api/missing")[0] == 404
     assert respond(TABLE, "POST", "/api/ok")[0] == 405
     assert respond(TABLE, "GET", "/api/limit?limit=4")[0] == 400
-    assert respond(TABLE, "GET", "/api/boom") == (500, b'{"error": "internal error"}')
+    assert respond(TABLE, "GET", "/api/boom") == (500, Body(JSON, b'{"error": "internal error"}'))
 
 
 async def _exchange(raw: bytes) -> bytes:

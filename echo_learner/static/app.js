@@ -1,0 +1,146 @@
+// The status page: polls the learner's JSON API and redraws. Everything a peer
+// could have influenced is inserted with textContent or setAttribute, never as
+// HTML, so a hostile string shows as text.
+"use strict";
+
+const POLL_MS = 2000;
+const SVG = "http://www.w3.org/2000/svg";
+
+async function getJSON(path) {
+  const resp = await fetch(path, { cache: "no-store" });
+  if (!resp.ok) throw new Error(`${path}: HTTP ${resp.status}`);
+  return resp.json();
+}
+
+function el(tag, text, attrs = {}) {
+  const node = document.createElement(tag);
+  if (text !== undefined) node.textContent = String(text);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  return node;
+}
+
+function shortPeer(id) {
+  return id.length > 14 ? "…" + id.slice(-12) : id;
+}
+
+function facts(id, pairs) {
+  const dl = document.getElementById(id);
+  dl.replaceChildren(...pairs.flatMap(([k, v]) => [el("dt", k), el("dd", v)]));
+}
+
+function rows(tableId, items, cells) {
+  const body = document.querySelector(`#${tableId} tbody`);
+  body.replaceChildren(...items.map((item) => {
+    const tr = el("tr");
+    for (const value of cells(item)) tr.append(el("td", value));
+    return tr;
+  }));
+}
+
+function duration(s) {
+  if (s < 120) return `${Math.round(s)} s`;
+  if (s < 7200) return `${Math.round(s / 60)} min`;
+  return `${(s / 3600).toFixed(1)} h`;
+}
+
+function drawRewards(steps) {
+  const svg = document.getElementById("reward-chart");
+  const [w, h, pad] = [600, 200, 24];
+  const nodes = [el("title", "mean reward per step")];
+  const axis = document.createElementNS(SVG, "path");
+  axis.setAttribute("d", `M${pad},${pad} V${h - pad} H${w - pad}`);
+  axis.setAttribute("class", "axis");
+  nodes.push(axis);
+  if (steps.length > 0) {
+    const first = steps[0].step;
+    const span = Math.max(1, steps[steps.length - 1].step - first);
+    const points = steps.map((s) => {
+      const x = pad + ((s.step - first) / span) * (w - 2 * pad);
+      const y = h - pad - Math.max(0, Math.min(1, s.reward_mean)) * (h - 2 * pad);
+      return `${x.toFixed(1)},${y.toFixed(1)}`;
+    });
+    const line = document.createElementNS(SVG, "polyline");
+    line.setAttribute("points", points.join(" "));
+    line.setAttribute("class", "reward");
+    line.setAttribute("data-points", String(points.length));
+    nodes.push(line);
+    for (const [label, y] of [["1", pad], ["0", h - pad]]) {
+      const t = document.createElementNS(SVG, "text");
+      t.setAttribute("x", "4");
+      t.setAttribute("y", String(y + 4));
+      t.textContent = label;
+      nodes.push(t);
+    }
+  }
+  svg.replaceChildren(...nodes);
+}
+
+async function refresh() {
+  const [status, peers, history, ledger, refusals] = await Promise.all([
+    getJSON("/api/status"), getJSON("/api/peers"), getJSON("/api/history?limit=1000"),
+    getJSON("/api/ledger?limit=20"), getJSON("/api/refusals?limit=20"),
+  ]);
+  document.getElementById("job").textContent =
+    `job ${status.job_id} — learner ${shortPeer(status.learner)}`;
+  facts("job-facts", [
+    ["task", status.task], ["model", `${status.model} (${status.parameters.toLocaleString()} parameters)`],
+    ["version", status.version], ["step", `${status.step} / ${status.steps}`],
+    ["mode", status.mode === "sync" ? "sync" : `async, staleness ≤ ${status.staleness}`],
+    ["uptime", duration(status.uptime_s)],
+  ]);
+  facts("training-facts", [
+    ["reward", status.reward === null ? "–" : status.reward.toFixed(3)],
+    ["utilization", `${(100 * status.utilization).toFixed(0)} %`],
+    ["steps/s", status.steps_per_s.toFixed(2)],
+    ["rollouts accepted", status.rollouts_accepted.toLocaleString()],
+  ]);
+  document.getElementById("capacity").textContent = `capacity: ${status.capacity.verdict}`;
+  const b = status.broadcast;
+  facts("broadcast-facts", [
+    ["newest version", b.version], ["size", `${(b.bytes / 1e6).toFixed(1)} MB`],
+    ["nodes holding it", `${b.holders} of ${status.peers}`],
+    ["time to reach a node", b.seconds > 0 ? `${b.seconds.toFixed(1)} s` : "–"],
+  ]);
+  drawRewards(history.steps);
+  rows("peers", peers.peers, (p) => [
+    shortPeer(p.peer), p.backend, p.dtype, p.held_version, p.rollouts_per_s.toFixed(1),
+    p.accepted, p.refused, `${duration(p.last_seen_s)} ago`,
+  ]);
+  document.getElementById("bootstrap").replaceChildren(...status.bootstrap.map(
+    (bp) => el("li", `${bp.addr} — ${bp.connected ? "connected" : "not connected"}`,
+      { class: bp.connected ? "ok" : "down" })));
+  rows("contributors", ledger.contributors, (c) => [
+    shortPeer(c.peer), c.credit.toLocaleString(), c.tokens.toLocaleString(), c.accepted, c.refused,
+  ]);
+  rows("refusals", refusals.refusals, (r) => [
+    shortPeer(r.peer), r.version, r.reason, new Date(r.created_ms).toLocaleTimeString(),
+  ]);
+}
+
+async function showReceipts(event) {
+  event.preventDefault();
+  const peer = document.getElementById("receipts-peer").value.trim();
+  const out = document.getElementById("receipts");
+  if (!peer) return;
+  try {
+    const data = await getJSON(`/api/receipts?peer=${encodeURIComponent(peer)}&limit=5000`);
+    out.textContent = `${data.receipts.length} signed receipts for ${shortPeer(peer)}`;
+  } catch (err) {
+    out.textContent = String(err.message);
+  }
+}
+
+async function loop() {
+  const error = document.getElementById("error");
+  try {
+    await refresh();
+    error.hidden = true;
+  } catch (err) {
+    error.textContent = `cannot reach the learner: ${err.message}`;
+    error.hidden = false;
+  }
+  setTimeout(loop, POLL_MS);
+}
+
+document.getElementById("receipts-form").addEventListener("submit", showReceipts);
+loop();

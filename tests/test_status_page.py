@@ -1,0 +1,112 @@
+"""The status web page in a real browser (headless Debian Chromium) while a small swarm runs.
+
+Also checks what the page is made of over plain HTTP: the page and its files
+(no external assets), the Prometheus metrics, and the JSON it reads.
+"""
+
+import json
+import re
+import time
+import urllib.request
+
+import pytest
+
+from protocol.identity import load_or_create
+from tests import webdriver
+
+LEARNER_ARGS = ("--mode", "async", "--steps", "100000", "--status-port", "0")
+
+
+def fetch(url):
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return resp.status, resp.headers, resp.read()
+
+
+def wait_for(predicate, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.5)  # polling state another process (or the browser) owns
+
+
+def start(swarm):
+    swarm.start_bootstrap()
+    swarm.start_learner(*LEARNER_ARGS)
+    api = swarm.root / "learner" / "api.json"
+    wait_for(api.exists, 120, "the learner's api.json")
+    for i in range(2):
+        swarm.start_node(i)
+    return json.loads(api.read_text())["url"]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not webdriver.available(),
+                    reason="Chromium not installed: apt-get install chromium chromium-driver (make test does)")
+def test_the_page_shows_the_swarm_in_a_browser(swarm_factory, tmp_path):
+    url = start(swarm_factory)
+    node_ids = [load_or_create(swarm_factory.root / f"node{i}" / "identity.key").peer_id_str for i in range(2)]
+    started = time.monotonic()
+    browser = webdriver.Browser(tmp_path / "profile", tmp_path / "chromedriver.log")
+    try:
+        browser.open(url)
+        seen = wait_for(lambda: browser.run("""
+            const rows = [...document.querySelectorAll('#peers tbody tr')].map(r => r.cells[0].textContent);
+            const line = document.querySelector('#reward-chart polyline');
+            const points = line ? Number(line.getAttribute('data-points')) : 0;
+            return rows.length >= 2 && points >= 2 ? {rows, points} : null;
+        """), 300, "two peers in the table and a reward curve")
+        assert sorted(seen["rows"]) == sorted("…" + p[-12:] for p in node_ids)
+        text = browser.run("return document.body.innerText")
+        assert "connecting" not in text and "cannot reach" not in text
+        assert "built-in tiny llama" in text and "async" in text
+        png = browser.screenshot(tmp_path / "status-page.png")
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+        print(f"status page: peers and reward curve after {time.monotonic() - started:.1f} s; "
+              f"screenshot {tmp_path / 'status-page.png'} ({len(png)} bytes)")
+        # Input is shown as text, never run as HTML.
+        browser.run("""
+            document.getElementById('receipts-peer').value = '<img src=x onerror="window.pwned=1">';
+            document.getElementById('receipts-form').requestSubmit();
+        """)
+        shown = wait_for(lambda: browser.run("return document.getElementById('receipts').textContent"),
+                         30, "the receipts answer")
+        assert "<img" in shown or "0 signed receipts" in shown
+        assert browser.run("return window.pwned === undefined && !document.querySelector('#receipts img')")
+    finally:
+        browser.close()
+
+
+def test_the_page_its_files_and_metrics_over_http(swarm_factory):
+    url = start(swarm_factory)
+    status, headers, html = fetch(url)
+    assert status == 200 and headers["content-type"].startswith("text/html")
+    assert "script-src 'self'" in headers["content-security-policy"]
+    # Everything the page loads comes from the learner itself.
+    assets = re.findall(rb'(?:src|href)="([^"]+)"', html)
+    assert sorted(assets) == [b"/app.js", b"/style.css"]
+    for asset, kind in ((b"/app.js", "text/javascript"), (b"/style.css", "text/css")):
+        status, headers, body = fetch(url.rstrip("/") + asset.decode())
+        assert status == 200 and headers["content-type"].startswith(kind) and body
+    assert b"innerHTML" not in fetch(url + "app.js")[2]  # peer data only ever goes in as text
+
+    def accepted():
+        return json.loads(fetch(url + "api/status")[2])["rollouts_accepted"] > 0
+
+    wait_for(accepted, 300, "accepted rollouts")
+    status, headers, body = fetch(url + "metrics")
+    assert headers["content-type"].startswith("text/plain; version=0.0.4")
+    metrics = {}
+    for line in body.decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            metrics[name] = float(value)
+    api = json.loads(fetch(url + "api/status")[2])
+    assert metrics["echo_rollouts_accepted_total"] > 0
+    assert metrics["echo_policy_version"] >= 0 and metrics["echo_peers"] >= 1
+    assert metrics["echo_broadcast_bytes_total"] > 0
+    assert metrics["echo_rollouts_accepted_total"] <= api["rollouts_accepted"]  # counters only grow
+    assert api["broadcast"]["bytes"] > 0 and api["bootstrap"][0]["connected"] is True
