@@ -12,7 +12,7 @@ in-memory state and the ledger: serving never blocks training.
     GET /api/history?limit=N     the newest N step records (reward curve)
     GET /api/ledger?limit=N      contributors, most credit first
     GET /api/refusals?limit=N    the newest refused batches
-    GET /api/receipts?peer=ID    one node's signed receipts (hex), newest last
+    GET /api/receipts?peer=ID    one node's receipts (fields, and the signed bytes in hex), oldest first
     GET /                        the status page (echo_learner/static/, no external assets)
     GET /metrics                 Prometheus metrics (echo_learner/metrics.py)
 """
@@ -30,7 +30,9 @@ from urllib.parse import parse_qs, urlsplit
 import h11
 import trio
 
+from protocol import codec
 from protocol.logs import event
+from protocol.messages import Receipt
 
 if TYPE_CHECKING:
     from echo_learner.service import Learner
@@ -85,7 +87,13 @@ def routes(learner: Learner) -> dict[str, Callable[[dict[str, list[str]]], Any]]
         if not peer:
             raise BadRequest("peer=<peer id> is required")
         rows = learner.ledger.receipts(peer, 0, _limit(query, 1000))
-        return {"peer": peer, "receipts": [{"id": i, "receipt": r.hex()} for i, r in rows]}
+        out = []
+        for i, raw in rows:
+            r = codec.decode(raw, Receipt)
+            out.append({"id": i, "version": r.version, "verdict": r.verdict, "reason": r.reason,
+                        "tokens": r.tokens, "credit": r.credit, "created_ms": r.created_ms,
+                        "receipt": raw.hex()})
+        return {"peer": peer, "receipts": out}
 
     from echo_learner import metrics
 

@@ -121,7 +121,7 @@ class Ingest:
     async def handle_work(self, stream: INetStream) -> None:
         peer = remote_peer(stream)
         req = await framing.receive(stream, WorkRequest)
-        self.peers.on_work_request(peer, req.backend, req.dtype, req.held_version)
+        self.peers.on_work_request(peer, req.backend, req.dtype, req.held_version, req.name)
         if self.peers.banned(peer):
             await framing.send(stream, ErrorReply(BANNED, "too many refused batches; try again later"))
             return

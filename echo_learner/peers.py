@@ -25,6 +25,7 @@ class PeerStats:
     last_seen: float
     backend: str = ""
     dtype: str = ""
+    name: str = ""  # chosen by the node's operator: untrusted, shown only as text
     held_version: int = -1
     accepted: int = 0  # batches
     refused: int = 0
@@ -44,6 +45,7 @@ class PeerStats:
     def to_json(self, now: float) -> dict:
         return {
             "peer": self.peer,
+            "name": self.name,
             "backend": self.backend,
             "dtype": self.dtype,
             "held_version": self.held_version,
@@ -77,9 +79,10 @@ class PeerBook:
         self.peers.move_to_end(peer)
         return stats
 
-    def on_work_request(self, peer: str, backend: str, dtype: str, held_version: int) -> None:
+    def on_work_request(self, peer: str, backend: str, dtype: str, held_version: int, name: str = "") -> None:
         stats = self.seen(peer)
         stats.backend, stats.dtype, stats.held_version = backend, dtype, held_version
+        stats.name = name
 
     def on_verdict(
         self,

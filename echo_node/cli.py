@@ -70,6 +70,10 @@ def join(config: NodeConfig, *, verbose: bool) -> None:
     from protocol.runtime import run_until_signal
     from protocol.swarm import BootstrapUnreachable
 
+    from protocol.messages import MAX_NAME
+
+    if len(config.name) > MAX_NAME:
+        fail(PROG, f"--name is {len(config.name)} characters; at most {MAX_NAME}")
     try:
         check_addrs(config.listen, config.bootstrap)
         backend, why = choose(config.backend, config.dtype, config.threads, config.gguf_dir)

@@ -17,6 +17,7 @@ class NodeConfig:
     bootstrap: list[str] = setting([], "bootstrap peer multiaddr (with /p2p/<id>)")
     listen: list[str] = setting(["/ip4/0.0.0.0/tcp/0"], "multiaddr to listen on")
     data_dir: Path = setting(default_data_dir(), "identity, weight chunks and receipts live here")
+    name: str = setting("", "display name on the learner's status page and leaderboard (<= 32 characters)")
     learner: str = setting("", "peer id of the learner to work for (default: the first found)")
     backend: str = setting(
         "auto", "inference backend (auto: llama.cpp when installed, else torch)",

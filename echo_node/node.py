@@ -234,7 +234,9 @@ class Node:
         await self._delay()
         reply = await request(
             host, self.learner, WORK_PROTOCOL,
-            WorkRequest(self.job_id, cfg.max_prompts, self.version, self.backend.name, self.backend.dtype),
+            WorkRequest(
+                self.job_id, cfg.max_prompts, self.version, self.backend.name, self.backend.dtype, cfg.name
+            ),
             WorkAssignment, NoWork, ErrorReply,
             timeout_s=cfg.work_timeout_s,
         )

@@ -19,6 +19,7 @@ MAX_TOKEN_ID = 2**31 - 1
 MAX_PROMPT_TOKENS = 1024
 MAX_NEW_TOKENS = 1024
 MAX_PROMPTS = 256
+MAX_NAME = 32  # a node's display name (untrusted text: shown only as text)
 MAX_GROUP = 64
 MAX_CHUNKS = 65536
 MAX_CHUNK_BYTES = 4 * 2**20
@@ -47,6 +48,7 @@ class WorkRequest:
     held_version: int = field(metadata=check(Int(-1, MAX_U53)))
     backend: str = field(metadata=check(Str(16, BACKENDS)))
     dtype: str = field(metadata=check(Str(16, DTYPES)))
+    name: str = field(metadata=check(Str(MAX_NAME)))
 
 
 @dataclass(frozen=True)

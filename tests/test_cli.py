@@ -50,6 +50,7 @@ def test_help_explains(module):
         (["echo_node", "join", "--bootstrap", DEAD, "--backend", "torch", "--dtype", "q8_0"],
          "torch backend runs f32 only"),
         (["echo_learner", "run", "--model", "/no/such/model.gguf"], "not a Hugging Face model directory"),
+        (["echo_node", "join", "--bootstrap", DEAD, "--name", "x" * 33], "at most 32"),
     ],
 )
 def test_bad_arguments_give_one_line(args, message, tmp_path):

@@ -15,6 +15,9 @@ from protocol.identity import load_or_create
 from tests import webdriver
 
 LEARNER_ARGS = ("--mode", "async", "--steps", "100000", "--status-port", "0")
+# A name a hostile operator could give their node (within the 32 characters a
+# name may have): as HTML it would load an image that fails and run its handler.
+EVIL = "<img src=x onerror=pwned=1>"
 
 
 def fetch(url):
@@ -38,8 +41,8 @@ def start(swarm):
     swarm.start_learner(*LEARNER_ARGS)
     api = swarm.root / "learner" / "api.json"
     wait_for(api.exists, 120, "the learner's api.json")
-    for i in range(2):
-        swarm.start_node(i)
+    swarm.start_node(0, "--name", EVIL)
+    swarm.start_node(1, "--name", "honest node")
     return json.loads(api.read_text())["url"]
 
 
@@ -55,11 +58,15 @@ def test_the_page_shows_the_swarm_in_a_browser(swarm_factory, tmp_path):
         browser.open(url)
         seen = wait_for(lambda: browser.run("""
             const rows = [...document.querySelectorAll('#peers tbody tr')].map(r => r.cells[0].textContent);
+            const names = [...document.querySelectorAll('#peers tbody tr')].map(r => r.cells[1].textContent);
             const line = document.querySelector('#reward-chart polyline');
             const points = line ? Number(line.getAttribute('data-points')) : 0;
-            return rows.length >= 2 && points >= 2 ? {rows, points} : null;
+            return rows.length >= 2 && points >= 2 ? {rows, names, points} : null;
         """), 300, "two peers in the table and a reward curve")
         assert sorted(seen["rows"]) == sorted("…" + p[-12:] for p in node_ids)
+        # The hostile name is shown as the text it is; nothing in it ran.
+        assert sorted(seen["names"]) == sorted([EVIL, "honest node"])
+        assert browser.run("return window.pwned === undefined && !document.querySelector('main img, main script')")
         text = browser.run("return document.body.innerText")
         assert "connecting" not in text and "cannot reach" not in text
         assert "built-in tiny llama" in text and "async" in text
@@ -67,14 +74,24 @@ def test_the_page_shows_the_swarm_in_a_browser(swarm_factory, tmp_path):
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
         print(f"status page: peers and reward curve after {time.monotonic() - started:.1f} s; "
               f"screenshot {tmp_path / 'status-page.png'} ({len(png)} bytes)")
+        # A node's receipts, looked up by its peer id.
+        browser.run("""
+            document.getElementById('receipts-peer').value = arguments[0];
+            document.getElementById('receipts-form').requestSubmit();
+        """, node_ids[1])
+        receipts = wait_for(lambda: browser.run(
+            "return [...document.querySelectorAll('#receipts-table tbody tr')].map(r => r.cells[1].textContent)"
+        ), 30, "the node's receipts")
+        assert set(receipts) == {"accepted"}
         # Input is shown as text, never run as HTML.
         browser.run("""
+            document.getElementById('receipts').textContent = '';
             document.getElementById('receipts-peer').value = '<img src=x onerror="window.pwned=1">';
             document.getElementById('receipts-form').requestSubmit();
         """)
         shown = wait_for(lambda: browser.run("return document.getElementById('receipts').textContent"),
                          30, "the receipts answer")
-        assert "<img" in shown or "0 signed receipts" in shown
+        assert shown.startswith("0 signed receipts for")
         assert browser.run("return window.pwned === undefined && !document.querySelector('#receipts img')")
     finally:
         browser.close()

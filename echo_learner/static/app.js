@@ -102,15 +102,16 @@ async function refresh() {
     ["time to reach a node", b.seconds > 0 ? `${b.seconds.toFixed(1)} s` : "–"],
   ]);
   drawRewards(history.steps);
+  const names = new Map(peers.peers.map((p) => [p.peer, p.name]));
   rows("peers", peers.peers, (p) => [
-    shortPeer(p.peer), p.backend, p.dtype, p.held_version, p.rollouts_per_s.toFixed(1),
+    shortPeer(p.peer), p.name, p.backend, p.dtype, p.held_version, p.rollouts_per_s.toFixed(1),
     p.accepted, p.refused, `${duration(p.last_seen_s)} ago`,
   ]);
   document.getElementById("bootstrap").replaceChildren(...status.bootstrap.map(
     (bp) => el("li", `${bp.addr} — ${bp.connected ? "connected" : "not connected"}`,
       { class: bp.connected ? "ok" : "down" })));
   rows("contributors", ledger.contributors, (c) => [
-    shortPeer(c.peer), c.credit.toLocaleString(), c.tokens.toLocaleString(), c.accepted, c.refused,
+    shortPeer(c.peer), names.get(c.peer) ?? "", c.credit.toLocaleString(), c.tokens.toLocaleString(), c.accepted, c.refused,
   ]);
   rows("refusals", refusals.refusals, (r) => [
     shortPeer(r.peer), r.version, r.reason, new Date(r.created_ms).toLocaleTimeString(),
@@ -124,9 +125,15 @@ async function showReceipts(event) {
   if (!peer) return;
   try {
     const data = await getJSON(`/api/receipts?peer=${encodeURIComponent(peer)}&limit=5000`);
-    out.textContent = `${data.receipts.length} signed receipts for ${shortPeer(peer)}`;
+    const credit = data.receipts.reduce((sum, r) => sum + r.credit, 0);
+    out.textContent = `${data.receipts.length} signed receipts for ${shortPeer(peer)}, ` +
+      `credit ${credit.toLocaleString()} (newest 20 below)`;
+    rows("receipts-table", data.receipts.slice(-20).reverse(), (r) => [
+      r.version, r.verdict, r.reason, r.tokens, r.credit.toLocaleString(),
+    ]);
   } catch (err) {
     out.textContent = String(err.message);
+    rows("receipts-table", [], () => []);
   }
 }
 
