@@ -94,6 +94,7 @@ class CapacityMeter:
         self._busy: deque[tuple[float, float]] = deque()  # (start, end) of train steps
         self._published: dict[int, float] = {}  # version -> monotonic time
         self._arrived: set[tuple[str, int]] = set()
+        self._spread: dict[int, float] = {}  # version -> seconds until its latest holder so far
 
     def on_train(self, start: float, end: float) -> None:
         self.train_s = running_mean(self.train_s, end - start)
@@ -111,6 +112,7 @@ class CapacityMeter:
         for old in sorted(self._published)[:-8]:
             del self._published[old]
         self._arrived = {(p, v) for p, v in self._arrived if v in self._published}
+        self._spread = {v: s for v, s in self._spread.items() if v in self._published}
 
     def on_node_holds(self, peer: str, version: int) -> None:
         """A node asked for work holding ``version``: the version reached it."""
@@ -118,7 +120,14 @@ class CapacityMeter:
         if published is None or (peer, version) in self._arrived:
             return
         self._arrived.add((peer, version))
-        self.broadcast_s = running_mean(self.broadcast_s, time.monotonic() - published)
+        elapsed = time.monotonic() - published
+        self.broadcast_s = running_mean(self.broadcast_s, elapsed)
+        self._spread[version] = max(self._spread.get(version, 0.0), elapsed)
+
+    def spread_s(self, version: int) -> float | None:
+        """Seconds from publishing ``version`` until the latest node that holds it
+        got it (None before any node has it)."""
+        return self._spread.get(version)
 
     def utilization(self) -> float:
         """Fraction of the last ``window_s`` seconds spent in training steps."""

@@ -408,8 +408,9 @@ class Learner:
         }
 
     def _broadcast_status(self) -> dict:
-        """The newest version: its size, how many recent nodes hold it, the
-        mean time versions take to reach a node; and all bytes published."""
+        """The newest version: its size, how many recent nodes hold it and how
+        long they took to get it; the mean time versions take to reach a node;
+        all bytes published."""
         store = self.engine.store if self.engine else None
         newest = store.manifests.get(self.version) if store else None
         holders = sum(1 for p in self.peers.active(within_s=self.config.capacity_window_s)
@@ -418,6 +419,7 @@ class Learner:
             "version": self.version,
             "bytes": newest.total_size if newest else 0,
             "holders": holders,
+            "spread_s": self.meter.spread_s(self.version),
             "seconds": round(self.meter.broadcast_s, 3),
             "bytes_published": self.bytes_published,
         }

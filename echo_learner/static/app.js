@@ -99,7 +99,8 @@ async function refresh() {
   facts("broadcast-facts", [
     ["newest version", b.version], ["size", `${(b.bytes / 1e6).toFixed(1)} MB`],
     ["nodes holding it", `${b.holders} of ${status.peers}`],
-    ["time to reach a node", b.seconds > 0 ? `${b.seconds.toFixed(1)} s` : "–"],
+    ["it reached them in", b.spread_s === null ? "–" : `${b.spread_s.toFixed(1)} s`],
+    ["mean time to reach a node", b.seconds > 0 ? `${b.seconds.toFixed(1)} s` : "–"],
   ]);
   drawRewards(history.steps);
   const names = new Map(peers.peers.map((p) => [p.peer, p.name]));
