@@ -124,6 +124,10 @@ class CapacityMeter:
         self.broadcast_s = running_mean(self.broadcast_s, elapsed)
         self._spread[version] = max(self._spread.get(version, 0.0), elapsed)
 
+    def holders(self, version: int) -> set[str]:
+        """Peers whose Have showed all of ``version``."""
+        return {p for p, v in self._arrived if v == version}
+
     def spread_s(self, version: int) -> float | None:
         """Seconds from publishing ``version`` until the latest node that holds it
         got it (None before any node has it)."""

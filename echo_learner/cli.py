@@ -191,6 +191,11 @@ def show(args: argparse.Namespace) -> None:
             f"capacity   forecast utilization {cap['utilization']:.0%}; {cap['verdict']} "
             f"(have {cap['supply_rollouts_per_s']:.1f}, need {cap['needed_rollouts_per_s']:.1f} rollouts/s)"
         )
+        for b in data["bootstrap"]:
+            state = {None: "not asked yet", True: f"answers ({b['rtt_ms']} ms)"}.get(
+                b["answers"], f"NO ANSWER: {b['error']}"
+            )
+            print(f"bootstrap  {b['addr']}: {state}")
         return
     peers = api_get(args, "/api/peers")["peers"]
     if args.json:

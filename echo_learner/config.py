@@ -72,6 +72,9 @@ class LearnerConfig:
     max_upload_mbit: float = setting(0.0, "upload bandwidth cap in Mbit/s (0: uncapped)", lo=0)
     request_timeout_s: float = setting(60.0, "deadline of one incoming request", lo=1)
     bootstrap_timeout_s: float = setting(10.0, "deadline to dial one bootstrap peer", lo=1)
+    bootstrap_ping_s: float = setting(
+        10.0, "seconds between pings to each bootstrap peer (shown on the status page)", lo=0.1
+    )
     torch_threads: int = setting(1, "torch CPU threads for training", lo=1)
     checkpoint_every: int = setting(10, "write a checkpoint every N steps", lo=1)
     resume: bool = setting(False, "continue from the checkpoint in --data-dir")

@@ -45,4 +45,6 @@ def render(learner: Learner) -> str:
            [("", status["broadcast"]["bytes_published"])])
     metric("echo_broadcast_seconds", "gauge", "Mean time from publishing a version to a node holding it.",
            [("", status["measurements"]["broadcast_s"])])
+    metric("echo_bootstrap_up", "gauge", "1 if the bootstrap peer answered its last ping, else 0.",
+           [(f'{{addr="{_label(b["addr"])}"}}', 1 if b["answers"] else 0) for b in status["bootstrap"]])
     return "\n".join(lines) + "\n"

@@ -24,6 +24,7 @@ import trio
 from tqdm import tqdm
 
 from echo_learner import checkpoint
+from echo_learner.bootstrap_probe import BootstrapProbe
 from echo_learner.capacity import CapacityMeter, forecast
 from echo_learner.config import LearnerConfig
 from echo_learner.ingest import Ingest, now_ms
@@ -134,6 +135,7 @@ class Learner:
             current_version=lambda: self.version,
         )
         self.swarm: Swarm | None = None
+        self.bootstrap_probe: BootstrapProbe | None = None
         self.engine: BroadcastEngine | None = None
         self.addrs: list[str] = []
         self.bytes_published = 0
@@ -157,6 +159,10 @@ class Learner:
             ):
                 self.swarm = swarm
                 await connect_bootstrap(swarm, cfg.bootstrap, cfg.bootstrap_timeout_s)
+                self.bootstrap_probe = BootstrapProbe(
+                    swarm, cfg.bootstrap, cfg.bootstrap_ping_s, cfg.bootstrap_timeout_s
+                )
+                await nursery.start(self.bootstrap_probe.run)
                 host = swarm.host
                 for protocol, handler in (
                     (WORK_PROTOCOL, self.ingest.handle_work),
@@ -413,8 +419,11 @@ class Learner:
         all bytes published."""
         store = self.engine.store if self.engine else None
         newest = store.manifests.get(self.version) if store else None
-        holders = sum(1 for p in self.peers.active(within_s=self.config.capacity_window_s)
-                      if p.held_version >= self.version)
+        # A node says it holds a version in its next work request, or earlier
+        # in a Have if it is one of our broadcast neighbours.
+        active = self.peers.active(within_s=self.config.capacity_window_s)
+        told = self.meter.holders(self.version)
+        holders = sum(1 for p in active if p.held_version >= self.version or p.peer in told)
         return {
             "version": self.version,
             "bytes": newest.total_size if newest else 0,
@@ -425,10 +434,12 @@ class Learner:
         }
 
     def _bootstrap_status(self) -> list[dict]:
-        """Each configured bootstrap peer and whether we hold a connection to it."""
-        connected = set(self.swarm.host.get_network().connections) if self.swarm else set()
-        out = []
-        for addr in self.config.bootstrap:
-            peer = addr.rsplit("/p2p/", 1)[-1]
-            out.append({"addr": addr, "connected": any(p.to_base58() == peer for p in connected)})
-        return out
+        """Each configured bootstrap peer: whether it answers our pings, and
+        whether we hold a connection to it."""
+        if self.swarm is None or self.bootstrap_probe is None:
+            return []
+        connected = {p.to_base58() for p in self.swarm.host.get_network().connections}
+        return [
+            {**health, "connected": health["addr"].rsplit("/p2p/", 1)[-1] in connected}
+            for health in self.bootstrap_probe.to_json()
+        ]

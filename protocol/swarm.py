@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import trio
 from libp2p.abc import IHost
+from libp2p.host.ping import ID as PING_PROTOCOL
+from libp2p.host.ping import perform_ping_roundtrip
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.network.exceptions import SwarmException
 from libp2p.network.stream.exceptions import StreamError
@@ -55,6 +58,24 @@ async def connect_bootstrap(swarm: Swarm, bootstrap: Sequence[str], timeout_s: f
     if bootstrap and connected == 0:
         raise BootstrapUnreachable(f"no bootstrap peer answered: {', '.join(bootstrap)}")
     return connected
+
+
+async def ping(host: IHost, info: PeerInfo, timeout_s: float) -> float:
+    """One libp2p ping round trip to ``info``, dialling it if no connection is
+    held; the round trip in seconds. Raises whatever the dial or the stream
+    raised, or ``trio.TooSlowError`` past ``timeout_s``.
+    """
+    with trio.fail_after(timeout_s):
+        await host.connect(info)
+        stream = await host.new_stream(info.peer_id, [PING_PROTOCOL])
+        try:
+            started = time.perf_counter()
+            # libp2p's own round trip: it checks the echoed bytes (and rounds
+            # to whole milliseconds, hence our own clock).
+            await perform_ping_roundtrip(stream)
+            return time.perf_counter() - started
+        finally:
+            await stream.close()
 
 
 async def find_providers(

@@ -49,10 +49,10 @@ class LocalSwarm:
         self.procs[name] = proc
         return proc
 
-    def start_bootstrap(self, timeout_s: float = 60) -> str:
+    def start_bootstrap(self, timeout_s: float = 60, listen: str = LOOPBACK) -> str:
         proc = self._spawn(
             "bootstrap",
-            ["bootstrap", "--listen", LOOPBACK, "--identity", str(self.root / "bootstrap.key")],
+            ["bootstrap", "--listen", listen, "--identity", str(self.root / "bootstrap.key")],
         )
         assert proc.stdout is not None
         # The bootstrap prints its address as its first line.

@@ -11,8 +11,10 @@ never see a refusal.
 import dataclasses
 import json
 import os
+import re
 import sqlite3
 import struct
+import urllib.request
 
 import pytest
 import trio
@@ -144,8 +146,10 @@ async def test_dishonest_nodes_are_refused_and_honest_ones_are_not(swarm_factory
             assert isinstance(reply, ErrorReply) and reply.code == "banned"
             nursery.cancel_scope.cancel()
 
-    # Let the honest nodes work past the attacks, then stop everything.
+    # Let the honest nodes work past the attacks, then look at the refusals the
+    # way an operator (or the status page) does, then stop everything.
     await trio.to_thread.run_sync(lambda: _wait_for_steps(swarm, 30, learner))
+    await trio.to_thread.run_sync(_check_the_api, swarm, adversaries)
     codes = await trio.to_thread.run_sync(swarm.stop_all)
     assert set(codes.values()) == {0}, codes
 
@@ -180,6 +184,32 @@ async def test_dishonest_nodes_are_refused_and_honest_ones_are_not(swarm_factory
     ).fetchone()
     assert honest_refused == 0
     assert len(learner_ids) == 1  # every receipt signed by the one learner
+
+
+def _get(url):
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return resp.read().decode()
+
+
+def _check_the_api(swarm, adversaries):
+    """/api/refusals, /api/receipts and /metrics agree with what the adversaries were told."""
+    url = json.loads((swarm.root / "learner" / "api.json").read_text())["url"].rstrip("/")
+    refusals = json.loads(_get(url + "/api/refusals"))["refusals"]
+    by_peer = {}
+    for r in reversed(refusals):  # newest first on the wire
+        by_peer.setdefault(r["peer"], []).append(r["reason"])
+    for name, adv in adversaries.items():
+        assert by_peer.get(adv.me, []) == [x for x in ATTACKS[name][1] if x != "ok"], name
+    assert set(by_peer) == {adv.me for adv in adversaries.values()}  # no honest node listed
+
+    replayer = adversaries["replay"]
+    receipts = json.loads(_get(f"{url}/api/receipts?peer={replayer.me}"))["receipts"]
+    assert [(r["verdict"], r["reason"]) for r in receipts] == [("accepted", "ok"), ("refused", REPLAYED)]
+    assert receipts[0]["credit"] > 0 and receipts[0]["tokens"] > 0 and receipts[1]["credit"] == 0
+
+    metrics = _get(url + "/metrics")
+    forged = re.search(r'echo_batches_refused_total\{reason="%s"\} (\d+)' % BAD_LOGPROBS, metrics)
+    assert forged and int(forged.group(1)) == 3, metrics
 
 
 def _wait_for_steps(swarm, steps, learner):

@@ -14,7 +14,7 @@ import pytest
 from protocol.identity import load_or_create
 from tests import webdriver
 
-LEARNER_ARGS = ("--mode", "async", "--steps", "100000", "--status-port", "0")
+LEARNER_ARGS = ("--mode", "async", "--steps", "100000", "--status-port", "0", "--bootstrap-ping-s", "1")
 # A name a hostile operator could give their node (within the 32 characters a
 # name may have): as HTML it would load an image that fails and run its handler.
 EVIL = "<img src=x onerror=pwned=1>"
@@ -68,8 +68,8 @@ def test_the_page_shows_the_swarm_in_a_browser(swarm_factory, tmp_path):
         assert sorted(seen["names"]) == sorted([EVIL, "honest node"])
         assert browser.run("return window.pwned === undefined && !document.querySelector('main img, main script')")
         text = browser.run("return document.body.innerText")
-        assert "connecting" not in text and "cannot reach" not in text
-        assert "built-in tiny llama" in text and "async" in text
+        assert "connecting" not in text and "cannot reach" not in text and "no batch refused" in text
+        assert "built-in tiny llama" in text and "async" in text and "answers ping in" in text
         png = browser.screenshot(tmp_path / "status-page.png")
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
         print(f"status page: peers and reward curve after {time.monotonic() - started:.1f} s; "
@@ -93,6 +93,12 @@ def test_the_page_shows_the_swarm_in_a_browser(swarm_factory, tmp_path):
                          30, "the receipts answer")
         assert shown.startswith("0 signed receipts for")
         assert browser.run("return window.pwned === undefined && !document.querySelector('#receipts img')")
+        # The bootstrap peer goes away: the page says so within a few pings.
+        assert swarm_factory.stop("bootstrap") == 0
+        down = wait_for(lambda: browser.run(
+            "const li = document.querySelector('#bootstrap li.down'); return li && li.textContent"
+        ), 60, "the page to show the bootstrap peer down")
+        assert "no answer" in down and "last answer" in down
     finally:
         browser.close()
 
@@ -126,4 +132,18 @@ def test_the_page_its_files_and_metrics_over_http(swarm_factory):
     assert metrics["echo_policy_version"] >= 0 and metrics["echo_peers"] >= 1
     assert metrics["echo_broadcast_bytes_total"] > 0
     assert metrics["echo_rollouts_accepted_total"] <= api["rollouts_accepted"]  # counters only grow
-    assert api["broadcast"]["bytes"] > 0 and api["bootstrap"][0]["connected"] is True
+    assert api["broadcast"]["bytes"] > 0
+    (boot,) = api["bootstrap"]
+    assert boot["connected"] is True and boot["answers"] is True and boot["rtt_ms"] > 0
+    assert metrics[f'echo_bootstrap_up{{addr="{boot["addr"]}"}}'] == 1
+
+    # Without its bootstrap peer the learner keeps training, and says the peer is gone.
+    assert swarm_factory.stop("bootstrap") == 0
+
+    def bootstrap_down():
+        (boot,) = json.loads(fetch(url + "api/status")[2])["bootstrap"]
+        return boot if boot["answers"] is False else None
+
+    boot = wait_for(bootstrap_down, 60, "the learner to notice the bootstrap peer is gone")
+    assert boot["error"] and boot["last_answer_s_ago"] is not None
+    assert f'echo_bootstrap_up{{addr="{boot["addr"]}"}} 0' in fetch(url + "metrics")[2].decode()

@@ -28,8 +28,15 @@ function facts(id, pairs) {
   dl.replaceChildren(...pairs.flatMap(([k, v]) => [el("dt", k), el("dd", v)]));
 }
 
-function rows(tableId, items, cells) {
+function rows(tableId, items, cells, empty) {
   const body = document.querySelector(`#${tableId} tbody`);
+  if (items.length === 0 && empty) {
+    const span = document.querySelectorAll(`#${tableId} thead th`).length;
+    const tr = el("tr", undefined, { class: "empty" });
+    tr.append(el("td", empty, { colspan: span }));
+    body.replaceChildren(tr);
+    return;
+  }
   body.replaceChildren(...items.map((item) => {
     const tr = el("tr");
     for (const value of cells(item)) tr.append(el("td", value));
@@ -41,6 +48,13 @@ function duration(s) {
   if (s < 120) return `${Math.round(s)} s`;
   if (s < 7200) return `${Math.round(s / 60)} min`;
   return `${(s / 3600).toFixed(1)} h`;
+}
+
+function bootstrapState(bp) {
+  if (bp.answers === null) return "not asked yet";
+  if (bp.answers) return `answers ping in ${bp.rtt_ms.toFixed(1)} ms`;
+  const last = bp.last_answer_s_ago === null ? "never answered" : `last answer ${duration(bp.last_answer_s_ago)} ago`;
+  return `no answer (${bp.error}); ${last}`;
 }
 
 function drawRewards(steps) {
@@ -109,14 +123,14 @@ async function refresh() {
     p.accepted, p.refused, `${duration(p.last_seen_s)} ago`,
   ]);
   document.getElementById("bootstrap").replaceChildren(...status.bootstrap.map(
-    (bp) => el("li", `${bp.addr} — ${bp.connected ? "connected" : "not connected"}`,
-      { class: bp.connected ? "ok" : "down" })));
+    (bp) => el("li", `${bp.addr} — ${bootstrapState(bp)}`,
+      { class: bp.answers === null ? "unknown" : bp.answers ? "ok" : "down" })));
   rows("contributors", ledger.contributors, (c) => [
     shortPeer(c.peer), names.get(c.peer) ?? "", c.credit.toLocaleString(), c.tokens.toLocaleString(), c.accepted, c.refused,
   ]);
   rows("refusals", refusals.refusals, (r) => [
     shortPeer(r.peer), r.version, r.reason, new Date(r.created_ms).toLocaleTimeString(),
-  ]);
+  ], "no batch refused");
 }
 
 async function showReceipts(event) {
