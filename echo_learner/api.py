@@ -30,6 +30,7 @@ from urllib.parse import parse_qs, urlsplit
 import h11
 import trio
 
+from echo_learner import metrics
 from protocol import codec
 from protocol.logs import event
 from protocol.messages import Receipt
@@ -94,8 +95,6 @@ def routes(learner: Learner) -> dict[str, Callable[[dict[str, list[str]]], Any]]
                         "tokens": r.tokens, "credit": r.credit, "created_ms": r.created_ms,
                         "receipt": raw.hex()})
         return {"peer": peer, "receipts": out}
-
-    from echo_learner import metrics
 
     files = resources.files("echo_learner") / "static"
     pages = {path: Body(kind, (files / name).read_bytes()) for path, (name, kind) in STATIC.items()}

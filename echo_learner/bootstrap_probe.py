@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
+from libp2p.peer.peerinfo import PeerInfo
 
 from protocol.host import parse_peer_addr
 from protocol.logs import event
@@ -26,13 +27,14 @@ log = logging.getLogger(__name__)
 @dataclass
 class BootstrapHealth:
     addr: str
+    info: PeerInfo  # the parsed addr
     answers: bool | None = None  # None: not asked yet
     rtt_ms: float | None = None  # of the last answer
     checked_unix: float | None = None
     last_answer_unix: float | None = None
     error: str = ""  # why the last ping failed
 
-    def to_json(self, now: float) -> dict[str, Any]:
+    def to_json(self, now: float, connected: bool) -> dict[str, Any]:
         def ago(t: float | None) -> float | None:
             return None if t is None else round(now - t, 1)
 
@@ -43,6 +45,7 @@ class BootstrapHealth:
             "checked_s_ago": ago(self.checked_unix),
             "last_answer_s_ago": ago(self.last_answer_unix),
             "error": self.error,
+            "connected": connected,  # whether we hold a connection to it now
         }
 
 
@@ -51,7 +54,7 @@ class BootstrapProbe:
         self.swarm = swarm
         self.interval_s = interval_s
         self.timeout_s = timeout_s
-        self.peers = [BootstrapHealth(addr) for addr in addrs]
+        self.peers = [BootstrapHealth(addr, parse_peer_addr(addr)) for addr in addrs]
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Ping every peer, then wait ``interval_s``, until cancelled."""
@@ -67,8 +70,7 @@ class BootstrapProbe:
                 nursery.start_soon(self._probe, peer)
 
     async def _probe(self, peer: BootstrapHealth) -> None:
-        was = peer.answers
-        info = parse_peer_addr(peer.addr)
+        was, info = peer.answers, peer.info
         # py-libp2p refuses to redial a peer for 60 s after a failed dial; a
         # probe must really ask each time, or it reports that cache instead.
         self.swarm.host.get_network().unblock_peer(info.peer_id)
@@ -99,4 +101,5 @@ class BootstrapProbe:
 
     def to_json(self) -> list[dict[str, Any]]:
         now = time.time()
-        return [peer.to_json(now) for peer in self.peers]
+        connections = self.swarm.host.get_network().connections
+        return [peer.to_json(now, peer.info.peer_id in connections) for peer in self.peers]

@@ -93,8 +93,8 @@ class CapacityMeter:
         self.verify_s_per_rollout = 0.0
         self._busy: deque[tuple[float, float]] = deque()  # (start, end) of train steps
         self._published: dict[int, float] = {}  # version -> monotonic time
-        self._arrived: set[tuple[str, int]] = set()
-        self._spread: dict[int, float] = {}  # version -> seconds until its latest holder so far
+        # (peer, version) -> seconds from publishing the version until the peer held it
+        self._arrived: dict[tuple[str, int], float] = {}
 
     def on_train(self, start: float, end: float) -> None:
         self.train_s = running_mean(self.train_s, end - start)
@@ -111,18 +111,16 @@ class CapacityMeter:
         self._published[version] = end
         for old in sorted(self._published)[:-8]:
             del self._published[old]
-        self._arrived = {(p, v) for p, v in self._arrived if v in self._published}
-        self._spread = {v: s for v, s in self._spread.items() if v in self._published}
+        self._arrived = {k: s for k, s in self._arrived.items() if k[1] in self._published}
 
     def on_node_holds(self, peer: str, version: int) -> None:
-        """A node asked for work holding ``version``: the version reached it."""
+        """A node's Have shows all of ``version``: the version reached it."""
         published = self._published.get(version)
         if published is None or (peer, version) in self._arrived:
             return
-        self._arrived.add((peer, version))
         elapsed = time.monotonic() - published
+        self._arrived[(peer, version)] = elapsed
         self.broadcast_s = running_mean(self.broadcast_s, elapsed)
-        self._spread[version] = max(self._spread.get(version, 0.0), elapsed)
 
     def holders(self, version: int) -> set[str]:
         """Peers whose Have showed all of ``version``."""
@@ -131,7 +129,7 @@ class CapacityMeter:
     def spread_s(self, version: int) -> float | None:
         """Seconds from publishing ``version`` until the latest node that holds it
         got it (None before any node has it)."""
-        return self._spread.get(version)
+        return max((s for (_, v), s in self._arrived.items() if v == version), default=None)
 
     def utilization(self) -> float:
         """Fraction of the last ``window_s`` seconds spent in training steps."""

@@ -409,7 +409,7 @@ class Learner:
             "measurements": inputs,
             "capacity": forecast(**inputs).to_json(),
             "broadcast": self._broadcast_status(),
-            "bootstrap": self._bootstrap_status(),
+            "bootstrap": self.bootstrap_probe.to_json() if self.bootstrap_probe else [],
             "addrs": self.addrs,
         }
 
@@ -433,13 +433,3 @@ class Learner:
             "bytes_published": self.bytes_published,
         }
 
-    def _bootstrap_status(self) -> list[dict]:
-        """Each configured bootstrap peer: whether it answers our pings, and
-        whether we hold a connection to it."""
-        if self.swarm is None or self.bootstrap_probe is None:
-            return []
-        connected = {p.to_base58() for p in self.swarm.host.get_network().connections}
-        return [
-            {**health, "connected": health["addr"].rsplit("/p2p/", 1)[-1] in connected}
-            for health in self.bootstrap_probe.to_json()
-        ]
