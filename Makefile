@@ -13,7 +13,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 STAMP := $(VENV)/.installed
 LLAMA_STAMP := $(VENV)/.installed-llama
 
-.PHONY: install install-llama install-browser demo test clean
+.PHONY: install install-llama install-browser install-net demo test clean
 
 install: $(STAMP)
 
@@ -42,10 +42,19 @@ install-browser:
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium chromium-driver; \
 	fi
 
+# ip, iptables and tc for the NAT tests (tests/net/), which build little
+# internets out of network namespaces. Only as root: without it those tests
+# are skipped, and say why.
+install-net:
+	@if [ "$$(id -u)" = 0 ] && ! command -v iptables >/dev/null; then \
+		apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q iptables iproute2; \
+	fi
+
 demo: install
 	$(PY) scripts/demo.py
 
-test: install-llama install-browser
+test: install-llama install-browser install-net
 	$(PY) -m pytest -q
 
 clean:

@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = Parser(
         prog=PROG,
         description="Run a bootstrap peer for an Echo Swarm: a long-lived Kademlia DHT server "
-        "through which learners and volunteer nodes find each other. Prints its full "
+        "through which learners and volunteer nodes find each other, which also tells nodes "
+        "whether they can be dialled from outside (AutoNAT dial-backs). Prints its full "
         "multiaddr (give it to others as --bootstrap) and runs until Ctrl-C.",
     )
     add_arguments(parser, BootstrapConfig)
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     identity = load_or_exit(PROG, config.identity)
 
     async def serve() -> None:
-        async with open_swarm(identity, config.listen, server=True) as swarm:
+        async with open_swarm(identity, config.listen, server=True, answer_autonat=True) as swarm:
             await connect_bootstrap(swarm, config.bootstrap, config.bootstrap_timeout_s)
             for addr in full_addrs(swarm.host):
                 print(addr, flush=True)

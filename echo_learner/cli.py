@@ -1,6 +1,7 @@
 """``echo-learner``: run the learner of a training job, and look at a running or finished one.
 
     run      train and serve (the learner itself)
+    invite   one line that lets a volunteer join this job (echo-node join <invite>)
     status   the running learner's job, progress and capacity (HTTP API)
     peers    the nodes the running learner knows (HTTP API)
     ledger   the contributor leaderboard (reads the SQLite ledger directly)
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import fields
 import sys
 import time
 from pathlib import Path
@@ -53,6 +55,23 @@ def build_parser() -> Parser:
         sub.add_argument("--json", action="store_true", help="print JSON instead of a table")
         return sub
 
+    invite = commands.add_parser(
+        "invite",
+        help="print one line a volunteer pastes to join: echo-node join <invite>",
+        description="Print an invite: the job id, this learner's public key and addresses, "
+        "and the bootstrap peers, signed by the learner. A node that joins with it needs "
+        "nothing else and trusts this learner's key only. Reads --data-dir (where `run` "
+        "keeps the identity and settings); a running learner adds the addresses it listens on.",
+    )
+    invite.add_argument("--data-dir", type=Path, default=default_data_dir(), help="the learner's data dir")
+    invite.add_argument(
+        "--addr", action="append", default=[], metavar="MULTIADDR",
+        help="an address at which nodes can reach the learner (e.g. a forwarded port); repeatable",
+    )
+    invite.add_argument(
+        "--bootstrap", action="append", default=[], metavar="MULTIADDR",
+        help="a bootstrap peer to add to those the learner runs with; repeatable",
+    )
     for name, help_text in (
         ("status", "show the running learner's job, progress and capacity model"),
         ("peers", "list the nodes the running learner knows"),
@@ -81,6 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "run":
         config = resolve_or_exit(PROG, LearnerConfig, args, ENV_PREFIX)
         run(config, verbose=args.verbose)
+    elif args.command == "invite":
+        invite(args)
     elif args.command in ("status", "peers"):
         show(args)
     elif args.command == "ledger":
@@ -145,6 +166,38 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
     sys.exit(0)
 
 
+def invite(args: argparse.Namespace) -> None:
+    from protocol import invite as invites
+    from protocol.host import BadMultiaddr, check_addrs
+    from protocol.identity import KeyFileError, load
+
+    settings_path = args.data_dir / "config.json"
+    try:
+        settings = json.loads(settings_path.read_text())
+        identity = load(args.data_dir / "identity.key")
+    except (OSError, ValueError) as exc:
+        fail(PROG, f"{args.data_dir} holds no learner ({exc}); run `echo-learner run` there first")
+    except KeyFileError as exc:
+        fail(PROG, str(exc))
+    try:
+        check_addrs(args.addr, args.bootstrap)  # --addr needs no /p2p/ part
+    except BadMultiaddr as exc:
+        fail(PROG, str(exc))
+    known = {f.name for f in fields(LearnerConfig)}
+    config = LearnerConfig(**{k: v for k, v in settings.items() if k in known and k != "data_dir"})
+    addrs = list(args.addr)
+    if (args.data_dir / "api.json").exists():
+        args.url = None
+        running = api_get(args, "/api/status")["addrs"]
+        public = [a for a in running if not a.startswith("/ip4/127.")]
+        addrs += public or running
+    bootstrap = list(dict.fromkeys([*config.bootstrap, *args.bootstrap]))
+    if not bootstrap and not addrs:
+        fail(PROG, "the invite would hold no address: start the learner (`echo-learner run`) "
+             "or pass --addr / --bootstrap")
+    print(invites.make(identity, config.job_for(identity.peer_id_str), bootstrap, addrs[:8]))
+
+
 # --- reading a running learner ---------------------------------------------------
 
 
@@ -201,12 +254,15 @@ def show(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(peers, indent=2))
         return
-    print(f"{'peer':<14} {'backend':<7} {'dtype':<5} {'version':>7} {'rollouts/s':>10} "
-          f"{'accepted':>8} {'refused':>7} {'seen':>6}  last verdict")
+    print(f"{'peer':<14} {'backend':<7} {'dtype':<5} {'reachable':<10} {'connection':<10} "
+          f"{'version':>7} {'rollouts/s':>10} {'accepted':>8} {'refused':>7} {'seen':>6}  last verdict")
     for p in peers:
         banned = f" BANNED {p['banned_for_s']:.0f}s" if p["banned_for_s"] else ""
+        reach = {"private": "behind NAT"}.get(p["reachability"], p["reachability"])
+        route = "relayed" if p["route"].startswith("relayed") else p["route"]
         print(
-            f"…{p['peer'][-12:]:<13} {p['backend']:<7} {p['dtype']:<5} {p['held_version']:>7} "
+            f"…{p['peer'][-12:]:<13} {p['backend']:<7} {p['dtype']:<5} {reach:<10} {route:<10} "
+            f"{p['held_version']:>7} "
             f"{p['rollouts_per_s']:>10.1f} {p['accepted']:>8} {p['refused']:>7} "
             f"{p['last_seen_s']:>5.0f}s  {p['last_reason']}{banned}"
         )

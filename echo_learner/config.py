@@ -93,6 +93,10 @@ class LearnerConfig:
         60.0, "utilization is measured over this many recent seconds", lo=1
     )
 
+    def job_for(self, learner_id: str) -> str:
+        """The job id this learner announces (``--job-id`` or ``<task>-<short peer id>``)."""
+        return self.job_id or f"{self.task}-{learner_id[-8:]}"
+
     @property
     def identity_path(self) -> Path:
         return self.data_dir / "identity.key"

@@ -53,7 +53,7 @@ from protocol.messages import (
     WorkAssignment,
     WorkRequest,
 )
-from protocol.rpc import remote_peer
+from protocol.rpc import remote_peer, route
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,9 @@ class Ingest:
     async def handle_work(self, stream: INetStream) -> None:
         peer = remote_peer(stream)
         req = await framing.receive(stream, WorkRequest)
-        self.peers.on_work_request(peer, req.backend, req.dtype, req.held_version, req.name)
+        self.peers.on_work_request(
+            peer, req.backend, req.dtype, req.held_version, req.name, req.reachability, route(stream)
+        )
         if self.peers.banned(peer):
             await framing.send(stream, ErrorReply(BANNED, "too many refused batches; try again later"))
             return

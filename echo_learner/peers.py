@@ -26,6 +26,8 @@ class PeerStats:
     backend: str = ""
     dtype: str = ""
     name: str = ""  # chosen by the node's operator: untrusted, shown only as text
+    reachability: str = "unknown"  # what the node's AutoNAT check found (it says so)
+    route: str = ""  # how its last work request reached us: direct or relayed via <relay>
     held_version: int = -1
     accepted: int = 0  # batches
     refused: int = 0
@@ -49,6 +51,8 @@ class PeerStats:
             "backend": self.backend,
             "dtype": self.dtype,
             "held_version": self.held_version,
+            "reachability": self.reachability,
+            "route": self.route,
             "accepted": self.accepted,
             "refused": self.refused,
             "rollouts": self.rollouts,
@@ -79,10 +83,13 @@ class PeerBook:
         self.peers.move_to_end(peer)
         return stats
 
-    def on_work_request(self, peer: str, backend: str, dtype: str, held_version: int, name: str = "") -> None:
+    def on_work_request(
+        self, peer: str, backend: str, dtype: str, held_version: int, name: str = "",
+        reachability: str = "unknown", route: str = "direct",
+    ) -> None:
         stats = self.seen(peer)
         stats.backend, stats.dtype, stats.held_version = backend, dtype, held_version
-        stats.name = name
+        stats.name, stats.reachability, stats.route = name, reachability, route
 
     def on_verdict(
         self,

@@ -39,6 +39,7 @@ from protocol import codec, manifest
 from protocol.broadcast import bitfield
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
 from protocol.broadcast.store import VersionStore
+from protocol.files import write_atomic
 from protocol.host import full_addrs
 from protocol.identity import Identity
 from protocol.ids import (
@@ -81,7 +82,7 @@ class Learner:
         self.config = config
         self.identity = identity
         self.me = identity.peer_id_str
-        self.job_id = config.job_id or f"{config.task}-{self.me[-8:]}"
+        self.job_id = config.job_for(self.me)
         self.task = TASKS[config.task]
         self.rng = random.Random(config.seed)
         torch.set_num_threads(config.torch_threads)
@@ -154,7 +155,7 @@ class Learner:
         try:
             resumed_version = self._start()
             async with (
-                open_swarm(self.identity, cfg.listen, server=True) as swarm,
+                open_swarm(self.identity, cfg.listen, server=True, answer_autonat=True) as swarm,
                 trio.open_nursery() as nursery,
             ):
                 self.swarm = swarm
@@ -182,9 +183,7 @@ class Learner:
                 await nursery.start(self.engine.run)
                 api_url = await nursery.start(serve_api, self, cfg.status_host, cfg.status_port)
                 # Atomically: `status`, the demo and tests read it while we run.
-                tmp = cfg.api_path.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"url": api_url, "pid": os.getpid()}))
-                os.replace(tmp, cfg.api_path)
+                write_atomic(cfg.api_path, json.dumps({"url": api_url, "pid": os.getpid()}))
                 await self.publish(first_version=resumed_version)
                 await self.announce()
                 self.addrs = full_addrs(host)

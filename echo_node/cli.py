@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
+from dataclasses import replace
+from pathlib import Path
 
-from echo_node.config import NodeConfig
+from echo_node.config import NodeConfig, default_data_dir
 from protocol.config import Parser, add_arguments, fail, resolve_or_exit
 
 PROG = "echo-node"
@@ -22,10 +26,14 @@ def build_parser() -> Parser:
     join = commands.add_parser(
         "join",
         help="join the swarm and work until Ctrl-C",
-        description=f"Join the swarm through a bootstrap peer and work until Ctrl-C. Every "
-        f"setting can also come from the env var {ENV_PREFIX}_<NAME> or a TOML file "
-        f"(--config); flags win.",
+        description=f"Join the swarm and work until Ctrl-C. The simplest start is the invite "
+        f"a learner's operator gives out (echo-learner invite): it names the job, the learner "
+        f"and the bootstrap peers, and the node then trusts that learner's key only. Bootstrap "
+        f"peers can also come from --bootstrap, ECHO_BOOTSTRAP or the TOML file, in that "
+        f"order. Every setting can also come from the env var {ENV_PREFIX}_<NAME> or a TOML "
+        f"file (--config); flags win.",
     )
+    join.add_argument("invite", nargs="?", default=None, help="an invite (echo1:...) from the learner's operator")
     add_arguments(join, NodeConfig)
     join.add_argument("-v", "--verbose", action="store_true", help="log each step of the work loop")
     credits = commands.add_parser(
@@ -35,9 +43,22 @@ def build_parser() -> Parser:
         "for this node's identity (--data-dir), checking the learner's signature on each; "
         "print the credit earned. Takes the same settings as join.",
     )
+    credits.add_argument("invite", nargs="?", default=None, help="the invite the node joined with")
     add_arguments(credits, NodeConfig)
     credits.add_argument("--json", action="store_true", help="print JSON")
     credits.add_argument("-v", "--verbose", action="store_true", help="log details")
+    status = commands.add_parser(
+        "status",
+        help="show what the node running with --data-dir is doing",
+        description="Show what the node running with this data dir is doing: its job and "
+        "learner, the weights it holds, whether other peers can dial it (public, or behind "
+        "NAT), its neighbours and its work so far.",
+    )
+    status.add_argument(
+        "--data-dir", type=Path, default=default_data_dir(),
+        help=f"the node's data dir (default: {default_data_dir()})",
+    )
+    status.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 
@@ -47,16 +68,57 @@ def main(argv: list[str] | None = None) -> None:
     if args.command is None:
         parser.print_help()
         raise SystemExit(2)
+    if args.command == "status":
+        show_status(args)
+        return
+    # ECHO_BOOTSTRAP (shared by every Echo Swarm command) ranks between the
+    # flag and the TOML file, like our own variables.
+    if os.environ.get("ECHO_BOOTSTRAP") and not os.environ.get(f"{ENV_PREFIX}_BOOTSTRAP"):
+        os.environ[f"{ENV_PREFIX}_BOOTSTRAP"] = os.environ["ECHO_BOOTSTRAP"]
     config = resolve_or_exit(PROG, NodeConfig, args, ENV_PREFIX)
+    config, learner_addrs = apply_invite(config, args.invite)
     if not config.bootstrap:
-        fail(PROG, "--bootstrap is required: the multiaddr echo-bootstrap printed")
+        fail(PROG, "no bootstrap peer: paste the invite the learner's operator gave you "
+             "(echo-node join echo1:...), or pass --bootstrap ADDR (or set ECHO_BOOTSTRAP)")
     if args.command == "credits":
-        credits(config, as_json=args.json, verbose=args.verbose)
+        credits(config, learner_addrs, as_json=args.json, verbose=args.verbose)
     else:
-        join(config, verbose=args.verbose)
+        join(config, learner_addrs, verbose=args.verbose)
 
 
-def join(config: NodeConfig, *, verbose: bool) -> None:
+def apply_invite(config: NodeConfig, text: str | None) -> tuple[NodeConfig, tuple[str, ...]]:
+    """The settings with the invite's job, learner and bootstrap peers added,
+    and where the learner listens; exits with one line on a bad invite."""
+    if text is None:
+        return config, ()
+    from protocol.invite import BadInvite, parse
+
+    try:
+        invite = parse(text)
+    except BadInvite as exc:
+        fail(PROG, str(exc))
+    if config.learner and config.learner != invite.learner_id:
+        fail(PROG, f"--learner {config.learner} contradicts the invite's learner {invite.learner_id}")
+    if config.job_id and config.job_id != invite.job_id:
+        fail(PROG, f"--job-id {config.job_id} contradicts the invite's job {invite.job_id}")
+    bootstrap = list(dict.fromkeys([*config.bootstrap, *invite.bootstrap]))
+    config = replace(config, bootstrap=bootstrap, learner=invite.learner_id, job_id=invite.job_id)
+    return config, invite.learner_addrs
+
+
+def show_status(args: argparse.Namespace) -> None:
+    import json
+
+    from echo_node import status
+
+    try:
+        data = status.read(args.data_dir / "status.json")
+    except status.NotRunning as exc:
+        fail(PROG, str(exc))
+    print(json.dumps(data, indent=2) if args.json else status.describe(data))
+
+
+def join(config: NodeConfig, learner_addrs: tuple[str, ...], *, verbose: bool) -> None:
     from protocol import logs
 
     logs.setup(verbose)
@@ -81,7 +143,7 @@ def join(config: NodeConfig, *, verbose: bool) -> None:
         fail(PROG, str(exc))
     print(f"backend: {backend.name} {backend.dtype} ({why})", flush=True)
     identity = load_or_exit(PROG, config.identity_path)
-    node = Node(config, identity, backend)
+    node = Node(config, identity, backend, learner_addrs)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -102,7 +164,7 @@ def join(config: NodeConfig, *, verbose: bool) -> None:
     sys.exit(0)
 
 
-def credits(config: NodeConfig, *, as_json: bool, verbose: bool) -> None:
+def credits(config: NodeConfig, learner_addrs: tuple[str, ...], *, as_json: bool, verbose: bool) -> None:
     from protocol import logs
 
     logs.setup(verbose)
@@ -120,7 +182,7 @@ def credits(config: NodeConfig, *, as_json: bool, verbose: bool) -> None:
     if not config.identity_path.exists():
         fail(PROG, f"no node identity at {config.identity_path}: this data dir never joined a job")
     identity = load_or_exit(PROG, config.identity_path)
-    node = Node(config, identity)
+    node = Node(config, identity, learner_addrs=learner_addrs)
     receipts = []
 
     async def main() -> None:

@@ -19,6 +19,7 @@ class NodeConfig:
     data_dir: Path = setting(default_data_dir(), "identity, weight chunks and receipts live here")
     name: str = setting("", "display name on the learner's status page and leaderboard (<= 32 characters)")
     learner: str = setting("", "peer id of the learner to work for (default: the first found)")
+    job_id: str = setting("", "job to work for (default: the learner's; an invite sets it)")
     backend: str = setting(
         "auto", "inference backend (auto: llama.cpp when installed, else torch)",
         choices=("auto", "torch", "llama"),
@@ -52,6 +53,9 @@ class NodeConfig:
     retry_s: float = setting(1.0, "first pause before retrying a learner that did not answer", lo=0.05)
     max_retry_s: float = setting(30.0, "longest pause between retries (backoff doubles up to it)", lo=0.05)
     bootstrap_timeout_s: float = setting(10.0, "deadline to dial one bootstrap peer", lo=1)
+    reachability_every_s: float = setting(
+        300.0, "how often to re-check whether peers can dial this node (AutoNAT)", lo=5
+    )
     emulate_delay_ms: float = setting(
         0.0, "testing aid: wait this long before each work request and rollout submission "
         "(emulates a wide-area link)", lo=0, hi=10_000,
@@ -72,3 +76,8 @@ class NodeConfig:
     @property
     def receipts_path(self) -> Path:
         return self.data_dir / "receipts.jsonl"
+
+    @property
+    def status_path(self) -> Path:
+        """What the running node writes for ``echo-node status``."""
+        return self.data_dir / "status.json"

@@ -24,6 +24,7 @@ from libp2p.network.exceptions import SwarmException
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
+from echo_node import status
 from echo_node.backend import Backend
 from echo_node.config import NodeConfig
 from echo_node.weights import download_newer
@@ -31,6 +32,7 @@ from protocol import codec
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
 from protocol.broadcast.store import VersionStore
 from protocol.errors import ProtocolError, SignatureError
+from protocol.host import parse_multiaddr, parse_peer_addr
 from protocol.identity import Identity, verify
 from protocol.ids import (
     JOB_DIRECTORY_KEY,
@@ -54,6 +56,7 @@ from protocol.messages import (
     WorkAssignment,
     WorkRequest,
 )
+from protocol.reachability import Reachability, check_reachability
 from protocol.records import InvalidRecord, decode_record
 from protocol.rpc import RequestFailed, request
 from protocol.swarm import Swarm, connect_bootstrap, find_providers, open_swarm
@@ -66,12 +69,21 @@ class NoLearnerFound(LookupError):
 
 
 class Node:
-    def __init__(self, config: NodeConfig, identity: Identity, backend: Backend | None = None):
-        """``backend`` may be None for a node that only queries (``echo-node credits``)."""
+    def __init__(
+        self,
+        config: NodeConfig,
+        identity: Identity,
+        backend: Backend | None = None,
+        learner_addrs: tuple[str, ...] = (),
+    ):
+        """``backend`` may be None for a node that only queries (``echo-node credits``).
+        ``learner_addrs``: where the learner was last seen (an invite says), tried first."""
         self.config = config
         self.identity = identity
         self.me = identity.peer_id_str
         self.backend = backend
+        self.learner_addrs = learner_addrs
+        self.reachability = Reachability()
         self.swarm: Swarm | None = None
         self.engine: BroadcastEngine | None = None
         self.learner: ID | None = None
@@ -98,6 +110,18 @@ class Node:
             await self.find_learner()
             yield swarm
 
+    async def _watch_reachability(self) -> None:
+        """Ask the bootstrap peers and the learner to dial us back, now and every
+        ``reachability_every_s``; log when the answer changes."""
+        assert self.swarm is not None and self.learner is not None
+        servers = [parse_peer_addr(a).peer_id for a in self.config.bootstrap] + [self.learner]
+        while True:
+            found = await check_reachability(self.swarm.host, servers, self.config.request_timeout_s)
+            if found.status != self.reachability.status:
+                event(log, logging.WARNING, f"reachability: {found.describe()}", answers=found.answers)
+            self.reachability = found
+            await trio.sleep(self.config.reachability_every_s)
+
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Work until cancelled. Reports the learner's peer id when joined."""
         cfg = self.config
@@ -113,6 +137,8 @@ class Node:
             )
             await nursery.start(self.engine.run)
             nursery.start_soon(self._follow_versions)
+            nursery.start_soon(self._watch_reachability)
+            nursery.start_soon(status.keep_written, self, cfg.status_path)
             # Three stages, each its own task, so the backend never waits on the
             # network: fetch work -> generate and sign -> deliver. The generator
             # asks for each assignment (early, while it still generates, when
@@ -188,6 +214,11 @@ class Node:
         """Look up a learner in the DHT and read its job from its signed manifest record."""
         assert self.swarm is not None
         wanted = self.config.learner
+        if wanted and self.learner_addrs:
+            # An invite said where the learner listens: no DHT walk needed.
+            addrs = [parse_multiaddr(a) for a in self.learner_addrs]
+            if await self._try_learner(PeerInfo(ID.from_base58(wanted), addrs)):
+                return
         with trio.move_on_after(self.config.discovery_timeout_s):
             while True:
                 found = await find_providers(self.swarm, JOB_DIRECTORY_KEY, self.config.request_timeout_s)
@@ -216,6 +247,9 @@ class Node:
         except (trio.TooSlowError, InvalidRecord, OSError, SwarmException) as exc:
             event(log, logging.INFO, "skipping learner", peer=info.peer_id, error=exc)
             return False
+        if self.config.job_id and record.job_id != self.config.job_id:
+            event(log, logging.INFO, "skipping learner of another job", peer=info.peer_id, job=record.job_id)
+            return False
         self.learner = info.peer_id
         self.job_id = record.job_id
         return True
@@ -235,7 +269,8 @@ class Node:
         reply = await request(
             host, self.learner, WORK_PROTOCOL,
             WorkRequest(
-                self.job_id, cfg.max_prompts, self.version, self.backend.name, self.backend.dtype, cfg.name
+                self.job_id, cfg.max_prompts, self.version, self.backend.name, self.backend.dtype, cfg.name,
+                self.reachability.status,
             ),
             WorkAssignment, NoWork, ErrorReply,
             timeout_s=cfg.work_timeout_s,

@@ -38,6 +38,7 @@ MAX_SIZE: dict[type, int] = {
     m.ChunkRequest: 1 * KiB,
     m.ChunkData: m.MAX_CHUNK_BYTES + 1 * KiB,
     m.ErrorReply: 2 * KiB,
+    m.Invite: 6 * KiB,
 }
 KINDS: dict[str, type] = {cls.__name__: cls for cls in MAX_SIZE}
 MAX_FRAME = max(MAX_SIZE.values())

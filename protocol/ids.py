@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-WORK_PROTOCOL = "/echo-swarm/work/1.2.0"
+WORK_PROTOCOL = "/echo-swarm/work/1.3.0"
 ROLLOUT_PROTOCOL = "/echo-swarm/rollout/1.0.0"
 RECEIPTS_PROTOCOL = "/echo-swarm/receipts/1.0.0"
 CHUNK_PROTOCOL = "/echo-swarm/chunk/1.0.0"

@@ -34,6 +34,9 @@ TOKEN = Int(0, MAX_TOKEN_ID)
 BACKENDS = ("torch", "llama")
 DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_1")
 VERDICTS = ("accepted", "refused")
+# Whether a node can be dialled from outside (protocol.reachability, AutoNAT).
+REACHABILITY = ("unknown", "public", "private")
+MAX_ADDR = 256  # one multiaddr as text
 
 
 # --- work protocol -----------------------------------------------------------
@@ -49,6 +52,9 @@ class WorkRequest:
     backend: str = field(metadata=check(Str(16, BACKENDS)))
     dtype: str = field(metadata=check(Str(16, DTYPES)))
     name: str = field(metadata=check(Str(MAX_NAME)))
+    # What the node's AutoNAT check found; the learner shows it on the status
+    # page (whether the connection itself is relayed the learner sees itself).
+    reachability: str = field(metadata=check(Str(16, REACHABILITY)))
 
 
 @dataclass(frozen=True)
@@ -219,6 +225,26 @@ class ChunkData:
     version: int = field(metadata=check(VERSION))
     index: int = field(metadata=check(Int(0, MAX_CHUNKS - 1)))
     data: bytes = field(metadata=check(Bytes(0, MAX_CHUNK_BYTES)))
+
+
+# --- joining -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Invite:
+    """Everything a node needs to join one job, signed by its learner.
+
+    ``echo-learner invite`` prints it as one string (``protocol.invite``);
+    ``echo-node join <invite>`` trusts ``learner_id`` and nothing else.
+    """
+
+    job_id: str = field(metadata=check(JOB_ID))
+    learner_id: str = field(metadata=check(PEER_ID))
+    bootstrap: tuple[str, ...] = field(metadata=check(ListOf(Str(MAX_ADDR), 8)))
+    # The learner's own dialable addresses (a shortcut past the DHT lookup).
+    learner_addrs: tuple[str, ...] = field(metadata=check(ListOf(Str(MAX_ADDR), 8)))
+    created_ms: int = field(metadata=check(TIME_MS))
+    signature: bytes = field(metadata=check(SIGNATURE))
 
 
 # --- shared ------------------------------------------------------------------

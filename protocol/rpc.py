@@ -35,6 +35,20 @@ def remote_peer(stream: INetStream) -> str:
     return stream.muxed_conn.peer_id.to_base58()
 
 
+def route(stream: INetStream) -> str:
+    """How the stream's connection reaches the peer: ``direct``, or
+    ``relayed via <relay peer id>`` for a circuit-relay connection."""
+    try:
+        addrs = [str(a) for a in stream.muxed_conn.get_transport_addresses()]
+    except (AttributeError, NotImplementedError):
+        return "direct"
+    for addr in addrs:
+        if "/p2p-circuit" in addr:
+            relay = addr.split("/p2p-circuit", 1)[0].rsplit("/p2p/", 1)[-1]
+            return f"relayed via {relay}"
+    return "direct"
+
+
 async def request(
     host: IHost,
     peer: ID,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
 import trio
@@ -23,9 +23,14 @@ from protocol.host import make_host, parse_multiaddr, parse_peer_addr
 from protocol.identity import Identity
 from protocol.ids import DHT_NAMESPACE
 from protocol.logs import event
+from protocol.reachability import AutoNATServer
 from protocol.records import ManifestRecordValidator
 
 log = logging.getLogger(__name__)
+
+# How long an AutoNAT server waits for one dial-back: a firewall that drops
+# packets would otherwise hold it for the OS's whole TCP connect timeout.
+DIAL_BACK_TIMEOUT_S = 5.0
 
 
 class BootstrapUnreachable(ConnectionError):
@@ -36,6 +41,7 @@ class BootstrapUnreachable(ConnectionError):
 class Swarm:
     host: IHost
     dht: KadDHT
+    autonat: AutoNATServer | None = None  # set when this process answers dial-back requests
 
 
 async def connect_bootstrap(swarm: Swarm, bootstrap: Sequence[str], timeout_s: float) -> int:
@@ -124,17 +130,26 @@ async def open_swarm(
     listen: Sequence[str],
     *,
     server: bool,
+    answer_autonat: bool = False,
 ) -> AsyncIterator[Swarm]:
     """Run a host and its DHT until the block exits.
 
     ``server`` selects DHT server mode (bootstrap peers and learners, which
     hold records) or client mode (volunteer nodes, which only query).
+    ``answer_autonat``: also answer other peers' "can you dial me?" requests
+    (``protocol.reachability``), from a second, listen-less host.
     """
     for addr in listen:
         parse_multiaddr(addr)
     host = make_host(identity, listen)
-    async with host.run([parse_multiaddr(a) for a in listen]):
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(host.run([parse_multiaddr(a) for a in listen]))
         dht = KadDHT(host, DHTMode.SERVER if server else DHTMode.CLIENT)
         dht.register_validator(DHT_NAMESPACE, ManifestRecordValidator())
-        async with background_trio_service(dht):
-            yield Swarm(host, dht)
+        await stack.enter_async_context(background_trio_service(dht))
+        swarm = Swarm(host, dht)
+        if answer_autonat:
+            dialer = make_host(Identity.generate(), [])
+            await stack.enter_async_context(dialer.run([]))
+            swarm.autonat = AutoNATServer(host, dialer, DIAL_BACK_TIMEOUT_S)
+        yield swarm

@@ -33,13 +33,17 @@ class LocalSwarm:
     # Optional CPU pinning by process name (benchmarks: give a node its own
     # core, as it would have on a volunteer's machine).
     cpus: dict[str, set[int]] = field(default_factory=dict)
+    # Optional command prefix by process name, e.g. ``ip netns exec NS`` to run
+    # it on another (namespaced) machine (scripts/netns.py).
+    machine: dict[str, list[str]] = field(default_factory=dict)
+    listen: str = LOOPBACK
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.root / f"{name}.log", "w")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         cpus = self.cpus.get(name)
         proc = subprocess.Popen(
-            [sys.executable, "-m", *args],
+            [*self.machine.get(name, []), sys.executable, "-m", *args],
             stdout=subprocess.PIPE if name == "bootstrap" else log,
             stderr=log,
             env=env,
@@ -66,15 +70,24 @@ class LocalSwarm:
     def start_learner(self, *extra: str) -> subprocess.Popen:
         return self._spawn(
             "learner",
-            ["echo_learner", "run", "--bootstrap", self.bootstrap_addr, "--listen", LOOPBACK,
+            ["echo_learner", "run", "--bootstrap", self.bootstrap_addr, "--listen", self.listen,
              "--data-dir", str(self.root / "learner"), *extra],
         )
 
-    def start_node(self, index: int, *extra: str) -> subprocess.Popen:
+    def start_node(self, index: int, *extra: str, invite: str = "") -> subprocess.Popen:
+        """A node joined through the bootstrap peer, or with only ``invite``."""
+        how = [invite] if invite else ["--bootstrap", self.bootstrap_addr]
         return self._spawn(
             f"node{index}",
-            ["echo_node", "join", "--bootstrap", self.bootstrap_addr, "--listen", LOOPBACK,
+            ["echo_node", "join", *how, "--listen", self.listen,
              "--data-dir", str(self.root / f"node{index}"), *extra],
+        )
+
+    def run(self, name: str, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+        """Run a command (``python -m ARGS``) to completion on ``name``'s machine."""
+        return subprocess.run(
+            [*self.machine.get(name, []), sys.executable, "-m", *args],
+            capture_output=True, text=True, timeout=timeout_s,
         )
 
     def metrics(self) -> list[dict]:

@@ -140,7 +140,7 @@ async def test_dishonest_nodes_are_refused_and_honest_ones_are_not(swarm_factory
             forger = adversaries["forge"]
             reply = await request(
                 forger.swarm.host, forger.learner, WORK_PROTOCOL,
-                WorkRequest(forger.job_id, 4, forger.version, "torch", "f32", ""),
+                WorkRequest(forger.job_id, 4, forger.version, "torch", "f32", "", "unknown"),
                 WorkAssignment, NoWork, ErrorReply, timeout_s=30,
             )
             assert isinstance(reply, ErrorReply) and reply.code == "banned"

@@ -32,7 +32,11 @@ def test_help_explains(module):
     "args, message",
     [
         (["echo_node", "join", "--no-such-flag"], "unrecognized arguments"),
-        (["echo_node", "join"], "--bootstrap is required"),
+        (["echo_node", "join"], "no bootstrap peer: paste the invite"),
+        (["echo_node", "join", "echo1:AAAA"], "damaged or forged"),
+        (["echo_node", "join", "http://example"], "an invite starts with"),
+        (["echo_node", "status"], "no node is running"),
+        (["echo_learner", "invite"], "holds no learner"),
         (["echo_node", "join", "--bootstrap", "not-an-addr", "--max-prompts", "0"], "outside"),
         (["echo_learner", "run", "--steps", "many"], "not a valid int"),
         (["echo_learner", "run", "--task", "chess"], "invalid choice"),

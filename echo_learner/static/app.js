@@ -5,6 +5,8 @@
 
 const POLL_MS = 2000;
 const SVG = "http://www.w3.org/2000/svg";
+// What a node's AutoNAT check found, in words.
+const REACH = { public: "public", private: "behind NAT", unknown: "not yet known" };
 
 async function getJSON(path) {
   const resp = await fetch(path, { cache: "no-store" });
@@ -119,7 +121,7 @@ async function refresh() {
   drawRewards(history.steps);
   const names = new Map(peers.peers.map((p) => [p.peer, p.name]));
   rows("peers", peers.peers, (p) => [
-    shortPeer(p.peer), p.name, p.backend, p.dtype, p.held_version, p.rollouts_per_s.toFixed(1),
+    shortPeer(p.peer), p.name, p.backend, p.dtype, REACH[p.reachability] ?? p.reachability, p.route, p.held_version, p.rollouts_per_s.toFixed(1),
     p.accepted, p.refused, `${duration(p.last_seen_s)} ago`,
   ]);
   document.getElementById("bootstrap").replaceChildren(...status.bootstrap.map(

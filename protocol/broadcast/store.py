@@ -16,11 +16,11 @@ disk use.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 from protocol import codec, manifest as manifests
 from protocol.errors import ChunkHashMismatch, ProtocolError
+from protocol.files import write_atomic
 from protocol.logs import event
 from protocol.messages import Manifest
 
@@ -103,7 +103,7 @@ class VersionStore:
         if m.version in self.manifests:
             return
         manifests.check(m, self.learner_id)
-        _atomic_write(self._manifest_dir / f"{m.version}.msgpack", codec.encode(m))
+        write_atomic(self._manifest_dir / f"{m.version}.msgpack", codec.encode(m))
         self.manifests[m.version] = m
         # Chunks already on disk from an earlier version (same hash) count at once.
         self.held[m.version] = {i for i in range(len(m.chunk_hashes)) if self._valid_on_disk(m, i)}
@@ -114,7 +114,7 @@ class VersionStore:
         (and nothing written) if it is wrong. Touches no shared state, so it
         may run in a worker thread; call ``mark_held`` afterwards."""
         manifests.check_chunk(m, idx, data)
-        _atomic_write(self._chunk_path(m.chunk_hashes[idx]), data)
+        write_atomic(self._chunk_path(m.chunk_hashes[idx]), data)
 
     def mark_held(self, version: int, idx: int) -> bool:
         """Record a saved chunk; False if the version was dropped meanwhile."""
@@ -141,8 +141,3 @@ class VersionStore:
     def disk_bytes(self) -> int:
         return sum(p.stat().st_size for p in self._chunk_dir.iterdir())
 
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)

@@ -8,6 +8,7 @@ from protocol.messages import (
     Completion,
     ErrorReply,
     Have,
+    Invite,
     ManifestRequest,
     NoWork,
     Prompt,
@@ -53,7 +54,7 @@ def all_messages() -> list:
                 LEARNER.peer_id_str, UNSIGNED)
     )
     return [
-        WorkRequest("reverse-test", 4, -1, "torch", "f32", "node <b>one</b>"),
+        WorkRequest("reverse-test", 4, -1, "torch", "f32", "node <b>one</b>", "private"),
         WorkAssignment("reverse-test", 3, 1, (Prompt(1, (257, 97, 98, 99, 61)),), 16, 4, 1.0, (258,), 99),
         NoWork("reverse-test", 3, 0, "all prompts taken"),
         batch(),
@@ -66,4 +67,6 @@ def all_messages() -> list:
         ChunkRequest("reverse-test", 1, 2),
         ChunkData("reverse-test", 1, 2, b"\x00" * 100),
         ErrorReply("unknown_job", "no such job"),
+        LEARNER.sign(Invite("reverse-test", LEARNER.peer_id_str, ("/ip4/10.0.0.1/tcp/4001/p2p/" + NODE.peer_id_str,),
+                            ("/ip4/10.0.0.2/tcp/4002",), 5, UNSIGNED)),
     ]

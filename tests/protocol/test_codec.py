@@ -24,13 +24,13 @@ def test_round_trip(msg):
 
 
 def test_wrong_kind_is_refused():
-    data = encode(WorkRequest("j", 1, -1, "torch", "f32", ""))
+    data = encode(WorkRequest("j", 1, -1, "torch", "f32", "", "public"))
     with pytest.raises(DecodeError, match="unexpected message kind"):
         decode(data, RolloutBatch)
 
 
 def test_wrong_wire_version_is_refused():
-    body = codec.to_wire(WorkRequest("j", 1, -1, "torch", "f32", ""))
+    body = codec.to_wire(WorkRequest("j", 1, -1, "torch", "f32", "", "public"))
     data = msgpack.packb([2, "WorkRequest", body])
     with pytest.raises(DecodeError, match="wire version"):
         decode(data, WorkRequest)
@@ -48,14 +48,14 @@ def test_wrong_wire_version_is_refused():
     ],
 )
 def test_field_checks(change, match):
-    body = codec.to_wire(WorkRequest("j", 1, -1, "torch", "f32", ""))
+    body = codec.to_wire(WorkRequest("j", 1, -1, "torch", "f32", "", "public"))
     body.update(change)
     with pytest.raises(DecodeError, match=match):
         decode(msgpack.packb([1, "WorkRequest", body]), WorkRequest)
 
 
 def test_missing_field_is_refused():
-    body = codec.to_wire(WorkRequest("j", 1, -1, "torch", "f32", ""))
+    body = codec.to_wire(WorkRequest("j", 1, -1, "torch", "f32", "", "public"))
     del body["dtype"]
     with pytest.raises(DecodeError, match="missing fields"):
         decode(msgpack.packb([1, "WorkRequest", body]), WorkRequest)

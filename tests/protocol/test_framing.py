@@ -33,7 +33,7 @@ def pair():
 
 async def test_message_round_trip():
     a, b = pair()
-    msg = WorkRequest("job", 4, -1, "torch", "f32", "")
+    msg = WorkRequest("job", 4, -1, "torch", "f32", "", "unknown")
     await framing.send(a, msg)
     assert await framing.receive(b, WorkRequest) == msg
 

@@ -1,0 +1,98 @@
+"""``echo-node status``: the running node writes what it knows to a file in its
+data dir every few seconds (atomically); the command reads it.
+
+A file rather than a port: nothing listens for it, and a node that died
+leaves no answer to confuse (the file is removed on a clean exit, and a
+status whose process is gone is reported as such).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from protocol.files import write_atomic
+from protocol.host import full_addrs
+
+if TYPE_CHECKING:
+    from echo_node.node import Node
+
+EVERY_S = 2.0
+
+
+def snapshot(node: Node) -> dict[str, Any]:
+    return {
+        "peer": node.me,
+        "pid": os.getpid(),
+        "updated_unix": round(time.time(), 1),
+        "job_id": node.job_id,
+        "learner": node.learner.to_base58() if node.learner else "",
+        "version": node.version,
+        "backend": node.backend.name if node.backend else "",
+        "dtype": node.backend.dtype if node.backend else "",
+        "reachability": node.reachability.to_json(),
+        "addrs": full_addrs(node.swarm.host) if node.swarm else [],
+        "neighbours": len(node.engine.neighbours) if node.engine else 0,
+        "rollouts_sent": node.rollouts_sent,
+        "batches_accepted": node.receipts_accepted,
+    }
+
+
+async def keep_written(node: Node, path: Path) -> None:
+    """Rewrite ``path`` whenever the node's status changes, until cancelled;
+    then remove it."""
+    last = None
+    try:
+        while True:
+            now = snapshot(node)
+            news = json.dumps({**now, "updated_unix": 0}, sort_keys=True)
+            if news != last:  # the clock alone is no news
+                write_atomic(path, json.dumps(now, indent=2))
+                last = news
+            await trio.sleep(EVERY_S)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+class NotRunning(LookupError):
+    pass
+
+
+def read(path: Path) -> dict[str, Any]:
+    """The status a running node wrote; ``NotRunning`` if there is none."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise NotRunning(f"no node is running with this data dir ({path} is absent)") from None
+    except (OSError, ValueError) as exc:
+        raise NotRunning(f"cannot read {path}: {exc}") from None
+    try:
+        os.kill(int(data["pid"]), 0)
+    except (ProcessLookupError, KeyError, ValueError, TypeError):
+        raise NotRunning(f"the node that wrote {path} is no longer running") from None
+    except PermissionError:
+        pass  # alive, under another user
+    return data
+
+
+def describe(data: dict[str, Any]) -> str:
+    reach = data["reachability"]
+    status = {
+        "public": "public: other peers can dial this node",
+        "private": "behind NAT or a firewall: this node dials out, nobody can dial it",
+        "unknown": "unknown: no peer has answered a dial-back request yet",
+    }[reach["status"]]
+    answers = "".join(f"\n             {peer[-12:]}: {answer}" for peer, answer in reach["answers"].items())
+    return (
+        f"node       {data['peer']}\n"
+        f"job        {data['job_id'] or '-'} (learner {data['learner'] or 'not found yet'})\n"
+        f"weights    version {data['version']} ({data['backend']} {data['dtype']})\n"
+        f"reachable  {status}{answers}\n"
+        f"swarm      {data['neighbours']} neighbours; listening on {', '.join(data['addrs'])}\n"
+        f"work       {data['rollouts_sent']} rollouts sent, {data['batches_accepted']} batches accepted"
+    )

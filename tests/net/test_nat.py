@@ -1,0 +1,120 @@
+"""Echo Swarm across real NATs: Linux network namespaces built by the test.
+
+One little internet for the whole module (scripts/netns.py): a public segment
+with the bootstrap peer, the learner and one public node; a home router doing
+MASQUERADE NAT with a node behind it; and a strict router (random port
+mapping, every unsolicited packet dropped) with a node behind it. Every
+process runs on its own namespaced machine, started with the commands a user
+types, and the nodes join with nothing but the learner's invite.
+
+Needs root and ip/iptables/tc (``make test`` installs them when it runs as
+root); otherwise the module is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from localswarm import local_swarm
+from netns import Topology, missing_tools
+
+why_not = missing_tools()
+pytestmark = pytest.mark.skipif(bool(why_not), reason=f"NAT tests: {why_not}")
+
+NODES = {"node0": "public", "node1": "private", "node2": "private"}  # expected reachability
+
+
+@pytest.fixture(scope="module")
+def natted_swarm(tmp_path_factory):
+    """The topology and a running job: bootstrap, learner, three invited nodes."""
+    root = tmp_path_factory.mktemp("nat")
+    with Topology("es-nat") as net, local_swarm(root / "swarm") as swarm:
+        net.public("boot", "10.77.0.2")
+        net.public("learner", "10.77.0.3")
+        net.public("node0", "10.77.0.4")
+        net.host_in(net.home("home1", "10.77.0.11"), "node1")
+        net.host_in(net.home("home2", "10.77.0.12", strict=True), "node2")
+        swarm.machine = {name: net.prefix_argv(name) for name in ("learner", "node0", "node1", "node2")}
+        swarm.machine["bootstrap"] = net.prefix_argv("boot")
+        swarm.listen = "/ip4/0.0.0.0/tcp/0"
+        swarm.start_bootstrap(listen=swarm.listen)
+        swarm.start_learner("--mode", "async", "--steps", "100000", "--keep-versions", "2")
+        invite = wait_for_invite(swarm)
+        for i, name in enumerate(NODES):
+            swarm.start_node(i, "--name", name, invite=invite)
+        yield net, swarm, invite
+
+
+def wait_for_invite(swarm, timeout_s: float = 120) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if swarm.procs["learner"].poll() is not None:
+            pytest.fail("learner exited: " + (swarm.root / "learner.log").read_text()[-2000:])
+        if (swarm.root / "learner" / "api.json").exists():
+            done = swarm.run("learner", "echo_learner", "invite", "--data-dir", str(swarm.root / "learner"))
+            assert done.returncode == 0, done.stderr
+            return done.stdout.strip()
+        time.sleep(0.5)
+    pytest.fail("the learner never started its API")
+
+
+def node_status(swarm, i: int) -> dict | None:
+    done = swarm.run(f"node{i}", "echo_node", "status", "--json", "--data-dir", str(swarm.root / f"node{i}"))
+    return json.loads(done.stdout) if done.returncode == 0 else None
+
+
+def wait_until(what: str, check, swarm, timeout_s: float = 180):
+    """Poll ``check`` (a status read, not a timing assumption) until it is truthy."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        for name, proc in swarm.procs.items():
+            if proc.poll() is not None:
+                pytest.fail(f"{name} exited while waiting for {what}: "
+                            + (swarm.root / f"{name}.log").read_text()[-2000:])
+        time.sleep(1)
+    logs = {n: (swarm.root / f"{n}.log").read_text()[-1500:] for n in swarm.procs if n.startswith("node")}
+    pytest.fail(f"timed out waiting for {what}; node logs: {logs}")
+
+
+def test_nodes_behind_nat_join_with_an_invite_and_know_whether_they_are_reachable(natted_swarm):
+    net, swarm, invite = natted_swarm
+    assert invite.startswith("echo1:")
+
+    def everyone_settled():
+        statuses = [node_status(swarm, i) for i in range(len(NODES))]
+        settled = all(
+            s and s["reachability"]["status"] != "unknown" and s["batches_accepted"] >= 1 for s in statuses
+        )
+        return statuses if settled else None
+
+    statuses = wait_until("every node to check its reachability and get a batch accepted", everyone_settled, swarm)
+    for (name, expected), status in zip(NODES.items(), statuses):
+        assert status["reachability"]["status"] == expected, (name, status["reachability"])
+        assert status["job_id"] and status["learner"], status
+    # Behind NAT the bootstrap and the learner both tried to dial back and failed.
+    assert set(statuses[1]["reachability"]["answers"].values()) == {"could not dial us back"}
+
+    # The learner's operator sees the same in `echo-learner peers`.
+    done = swarm.run("learner", "echo_learner", "peers", "--json", "--data-dir", str(swarm.root / "learner"))
+    assert done.returncode == 0, done.stderr
+    peers = {p["name"]: p for p in json.loads(done.stdout)}
+    for name, expected in NODES.items():
+        assert peers[name]["reachability"] == expected, peers[name]
+        assert peers[name]["route"] == "direct"  # every node dials the public learner itself
+        assert peers[name]["accepted"] >= 1
+
+
+def test_a_tampered_invite_is_refused_before_anything_is_written(natted_swarm, tmp_path):
+    net, swarm, invite = natted_swarm
+    body = invite[len("echo1:"):]
+    flipped = invite[: len("echo1:") + 40] + ("A" if body[40] != "A" else "B") + invite[len("echo1:") + 41 :]
+    done = swarm.run("node1", "echo_node", "join", flipped, "--data-dir", str(tmp_path / "n"))
+    assert done.returncode == 2
+    assert "damaged or forged" in done.stderr
+    assert not (tmp_path / "n").exists()
