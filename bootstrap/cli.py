@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     identity = load_or_exit(PROG, config.identity)
 
     async def serve() -> None:
-        async with open_swarm(identity, config.listen, server=True, answer_autonat=True) as swarm:
+        async with open_swarm(identity, config.listen, server=True, answer_probes=True) as swarm:
             await connect_bootstrap(swarm, config.bootstrap, config.bootstrap_timeout_s)
             for addr in full_addrs(swarm.host):
                 print(addr, flush=True)

@@ -122,7 +122,7 @@ class Ingest:
         peer = remote_peer(stream)
         req = await framing.receive(stream, WorkRequest)
         self.peers.on_work_request(
-            peer, req.backend, req.dtype, req.held_version, req.name, req.reachability, route(stream)
+            peer, req.backend, req.dtype, req.held_version, req.name, req.reachability, route(stream.muxed_conn)
         )
         if self.peers.banned(peer):
             await framing.send(stream, ErrorReply(BANNED, "too many refused batches; try again later"))

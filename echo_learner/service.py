@@ -155,7 +155,7 @@ class Learner:
         try:
             resumed_version = self._start()
             async with (
-                open_swarm(self.identity, cfg.listen, server=True, answer_autonat=True) as swarm,
+                open_swarm(self.identity, cfg.listen, server=True, answer_probes=True) as swarm,
                 trio.open_nursery() as nursery,
             ):
                 self.swarm = swarm

@@ -47,6 +47,20 @@ def build_parser() -> Parser:
     add_arguments(credits, NodeConfig)
     credits.add_argument("--json", action="store_true", help="print JSON")
     credits.add_argument("-v", "--verbose", action="store_true", help="log details")
+    doctor = commands.add_parser(
+        "doctor",
+        help="check that this machine can do useful work, and say how to fix what cannot",
+        description="Check, in plain words with a fix for each failure: the installed backends, "
+        "each bootstrap peer, the job's signed record, the learner (and whether we reach it "
+        "directly or through a relay), whether other peers can dial this machine (public or "
+        "behind NAT), a TCP hole punch against a public peer, RAM and disk against the job's "
+        "model, and a short upload estimate. Exits 0 only when this node can do useful work. "
+        "Takes the same settings as join; writes nothing.",
+    )
+    doctor.add_argument("invite", nargs="?", default=None, help="the invite to check (echo1:...)")
+    add_arguments(doctor, NodeConfig)
+    doctor.add_argument("--json", action="store_true", help="print JSON")
+    doctor.add_argument("-v", "--verbose", action="store_true", help="log details")
     status = commands.add_parser(
         "status",
         help="show what the node running with --data-dir is doing",
@@ -82,6 +96,8 @@ def main(argv: list[str] | None = None) -> None:
              "(echo-node join echo1:...), or pass --bootstrap ADDR (or set ECHO_BOOTSTRAP)")
     if args.command == "credits":
         credits(config, learner_addrs, as_json=args.json, verbose=args.verbose)
+    elif args.command == "doctor":
+        doctor(config, learner_addrs, as_json=args.json, verbose=args.verbose)
     else:
         join(config, learner_addrs, verbose=args.verbose)
 
@@ -104,6 +120,29 @@ def apply_invite(config: NodeConfig, text: str | None) -> tuple[NodeConfig, tupl
     bootstrap = list(dict.fromkeys([*config.bootstrap, *invite.bootstrap]))
     config = replace(config, bootstrap=bootstrap, learner=invite.learner_id, job_id=invite.job_id)
     return config, invite.learner_addrs
+
+
+def doctor(config: NodeConfig, learner_addrs: tuple[str, ...], *, as_json: bool, verbose: bool) -> None:
+    from protocol import logs
+
+    logs.setup(verbose)
+
+    import json
+
+    import trio
+
+    from echo_node.doctor import describe, diagnose, report
+    from protocol.host import BadMultiaddr, check_addrs
+
+    try:
+        check_addrs(config.listen, config.bootstrap)
+    except BadMultiaddr as exc:
+        fail(PROG, str(exc))
+    # Short enough to answer in about a minute when things are broken.
+    config = replace(config, discovery_timeout_s=min(config.discovery_timeout_s, 20.0))
+    checks = trio.run(diagnose, config, learner_addrs, 10.0)
+    print(json.dumps(report(checks), indent=2) if as_json else describe(checks), flush=True)
+    sys.exit(0 if report(checks)["ok"] else 1)
 
 
 def show_status(args: argparse.Namespace) -> None:

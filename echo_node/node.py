@@ -47,6 +47,7 @@ from protocol.messages import (
     UNSIGNED,
     Completion,
     ErrorReply,
+    Manifest,
     NoWork,
     Receipt,
     ReceiptPage,
@@ -87,6 +88,7 @@ class Node:
         self.swarm: Swarm | None = None
         self.engine: BroadcastEngine | None = None
         self.learner: ID | None = None
+        self.record: Manifest | None = None  # the learner's DHT record, as found
         self.job_id = ""
         self.version = -1
         self.rollouts_sent = 0
@@ -252,6 +254,7 @@ class Node:
             return False
         self.learner = info.peer_id
         self.job_id = record.job_id
+        self.record = record
         return True
 
     async def _delay(self) -> None:

@@ -39,6 +39,11 @@ MAX_SIZE: dict[type, int] = {
     m.ChunkData: m.MAX_CHUNK_BYTES + 1 * KiB,
     m.ErrorReply: 2 * KiB,
     m.Invite: 6 * KiB,
+    m.PunchRequest: 1 * KiB,
+    m.PunchReady: 1 * KiB,
+    m.PunchResult: 1 * KiB,
+    m.UploadSample: 256 * KiB + 1 * KiB,
+    m.UploadResult: 1 * KiB,
 }
 KINDS: dict[str, type] = {cls.__name__: cls for cls in MAX_SIZE}
 MAX_FRAME = max(MAX_SIZE.values())

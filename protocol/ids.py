@@ -7,6 +7,9 @@ ROLLOUT_PROTOCOL = "/echo-swarm/rollout/1.0.0"
 RECEIPTS_PROTOCOL = "/echo-swarm/receipts/1.0.0"
 CHUNK_PROTOCOL = "/echo-swarm/chunk/1.0.0"
 HAVE_PROTOCOL = "/echo-swarm/have/1.0.0"
+# Answered by bootstrap peers and learners for `echo-node doctor`.
+PUNCH_PROTOCOL = "/echo-swarm/punch/1.0.0"
+UPLOAD_PROTOCOL = "/echo-swarm/upload/1.0.0"
 
 # DHT namespace of our records; bootstrap peers and everyone else register a
 # validator for it (protocol.records) so forged records are refused.

@@ -247,6 +247,46 @@ class Invite:
     signature: bytes = field(metadata=check(SIGNATURE))
 
 
+# --- probes a node runs against a public peer (echo-node doctor) ---------------
+
+
+@dataclass(frozen=True)
+class PunchRequest:
+    """Try a TCP hole punch with me: I will dial you from my listen ``port``."""
+
+    port: int = field(metadata=check(Int(1, 65535)))
+
+
+@dataclass(frozen=True)
+class PunchReady:
+    """Dial me at ``port`` now; I am dialling your observed IP at your port."""
+
+    port: int = field(metadata=check(Int(1, 65535)))
+
+
+@dataclass(frozen=True)
+class PunchResult:
+    """Whether my dial to you got through (``detail``: why not)."""
+
+    reached: bool = field(metadata=check(Bool()))
+    detail: str = field(metadata=check(Str(200)))
+
+
+@dataclass(frozen=True)
+class UploadSample:
+    """Bytes to time an upload with; an empty one ends the sample."""
+
+    data: bytes = field(metadata=check(Bytes(0, 256 * 1024)))
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    """How many sample bytes arrived, over how long (first to last byte)."""
+
+    received: int = field(metadata=check(Int(0, MAX_U53)))
+    elapsed_ms: int = field(metadata=check(Int(0, MAX_U53)))
+
+
 # --- shared ------------------------------------------------------------------
 
 

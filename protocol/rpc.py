@@ -35,11 +35,11 @@ def remote_peer(stream: INetStream) -> str:
     return stream.muxed_conn.peer_id.to_base58()
 
 
-def route(stream: INetStream) -> str:
-    """How the stream's connection reaches the peer: ``direct``, or
-    ``relayed via <relay peer id>`` for a circuit-relay connection."""
+def route(conn: Any) -> str:
+    """How a connection (a stream's ``muxed_conn``, or one of the network's)
+    reaches the peer: ``direct``, or ``relayed via <relay peer id>``."""
     try:
-        addrs = [str(a) for a in stream.muxed_conn.get_transport_addresses()]
+        addrs = [str(a) for a in conn.get_transport_addresses()]
     except (AttributeError, NotImplementedError):
         return "direct"
     for addr in addrs:

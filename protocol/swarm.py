@@ -23,6 +23,7 @@ from protocol.host import make_host, parse_multiaddr, parse_peer_addr
 from protocol.identity import Identity
 from protocol.ids import DHT_NAMESPACE
 from protocol.logs import event
+from protocol.probe import ProbeServer
 from protocol.reachability import AutoNATServer
 from protocol.records import ManifestRecordValidator
 
@@ -130,14 +131,15 @@ async def open_swarm(
     listen: Sequence[str],
     *,
     server: bool,
-    answer_autonat: bool = False,
+    answer_probes: bool = False,
 ) -> AsyncIterator[Swarm]:
     """Run a host and its DHT until the block exits.
 
     ``server`` selects DHT server mode (bootstrap peers and learners, which
     hold records) or client mode (volunteer nodes, which only query).
-    ``answer_autonat``: also answer other peers' "can you dial me?" requests
-    (``protocol.reachability``), from a second, listen-less host.
+    ``answer_probes``: also answer other peers' "can you dial me?" requests
+    (``protocol.reachability``, from a second, listen-less host) and their
+    hole-punch and upload probes (``protocol.probe``).
     """
     for addr in listen:
         parse_multiaddr(addr)
@@ -148,8 +150,9 @@ async def open_swarm(
         dht.register_validator(DHT_NAMESPACE, ManifestRecordValidator())
         await stack.enter_async_context(background_trio_service(dht))
         swarm = Swarm(host, dht)
-        if answer_autonat:
+        if answer_probes:
             dialer = make_host(Identity.generate(), [])
             await stack.enter_async_context(dialer.run([]))
             swarm.autonat = AutoNATServer(host, dialer, DIAL_BACK_TIMEOUT_S)
+            ProbeServer(host)
         yield swarm

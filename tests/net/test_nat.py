@@ -118,3 +118,47 @@ def test_a_tampered_invite_is_refused_before_anything_is_written(natted_swarm, t
     assert done.returncode == 2
     assert "damaged or forged" in done.stderr
     assert not (tmp_path / "n").exists()
+
+
+def doctor(swarm, machine: str, tmp_path, *args: str) -> tuple[int, dict]:
+    done = swarm.run(machine, "echo_node", "doctor", "--json", "--listen", "/ip4/0.0.0.0/tcp/0",
+                     "--data-dir", str(tmp_path / f"doctor-{machine}"), *args, timeout_s=120)
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def by_name(report: dict) -> dict[str, dict]:
+    """The report's checks by name (bootstrap may appear once per peer: the last wins)."""
+    return {c["name"]: c for c in report["checks"]}
+
+
+@pytest.mark.parametrize("machine, reachable, punch", [
+    ("node0", "ok", "ok"),      # public
+    ("node1", "warn", "ok"),    # behind MASQUERADE: NATed, but hole punching works
+    ("node2", "warn", "warn"),  # behind the strict router: only a relay can reach it
+])
+def test_doctor_tells_the_situations_apart(natted_swarm, tmp_path, machine, reachable, punch):
+    net, swarm, invite = natted_swarm
+    code, report = doctor(swarm, machine, tmp_path, invite)
+    checks = by_name(report)
+    assert code == 0 and report["ok"], report
+    for name in ("backends", "bootstrap", "job", "learner", "memory", "disk", "upload"):
+        assert checks[name]["status"] == "ok", checks[name]
+    assert "signature valid" in checks["job"]["detail"]
+    assert "direct connection" in checks["learner"]["detail"]
+    assert checks["reachable"]["status"] == reachable, checks["reachable"]
+    assert checks["hole punch"]["status"] == punch, checks["hole punch"]
+    if reachable == "warn":
+        assert "behind NAT" in checks["reachable"]["detail"] and checks["reachable"]["fix"]
+    assert not (tmp_path / f"doctor-{machine}").exists()  # the doctor writes nothing
+
+
+def test_doctor_fails_clearly_when_the_bootstrap_is_unreachable(natted_swarm, tmp_path):
+    net, swarm, invite = natted_swarm
+    dead = "/ip4/10.77.0.99/tcp/4001/p2p/12D3KooWEyoppNCUx8Yx66oV9fJnriXwCcXwDDUA2kj6vnc6iDEp"
+    code, report = doctor(swarm, "node1", tmp_path, "--bootstrap", dead, "--bootstrap-timeout-s", "3")
+    checks = by_name(report)
+    assert code == 1 and not report["ok"]
+    assert checks["bootstrap"]["status"] == "fail"
+    assert "does not answer" in checks["bootstrap"]["detail"] and checks["bootstrap"]["fix"]
+    assert checks["job"]["status"] == "fail"

@@ -1,0 +1,218 @@
+"""``echo-node doctor``: can this machine do useful work for the swarm, and if not, why?
+
+Each check gives ``ok``, ``warn`` (works, but worse than it could) or ``fail``
+(the node cannot do useful work), the finding in plain words and, unless it
+is ok, what to do about it. In order:
+
+  backends    llama.cpp / torch installed, GPU offload or CUDA available
+  bootstrap   each bootstrap peer answers a ping
+  job         the job's record is in the DHT and its learner signature is valid
+  learner     the learner answers, and how we reach it (direct or relayed)
+  reachable   whether other peers can dial us (AutoNAT dial-backs)
+  hole punch  a TCP hole punch against a public peer (protocol.probe)
+  memory      RAM the job's model needs against RAM available
+  disk        disk its versions need against free disk in --data-dir
+  upload      a two-second upload estimate to a bootstrap peer
+
+The doctor writes nothing: it uses the node's identity if it has one, a
+throwaway one otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import trio
+from libp2p.peer.peerinfo import PeerInfo
+
+from echo_node.config import NodeConfig
+from protocol.host import parse_peer_addr
+from protocol.identity import Identity, load
+from protocol.probe import measure_upload, try_punch
+from protocol.reachability import PRIVATE, PUBLIC, check_reachability
+from protocol.rpc import route
+from protocol.swarm import open_swarm, ping
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+# RAM a node needs beyond three copies of the weights (safetensors, the loaded
+# model, llama.cpp's GGUF): Python, torch and libp2p themselves.
+RUNTIME_BYTES = 600 * 2**20
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n / 1024:,.0f} KiB"
+
+
+def available_ram() -> int:
+    """Bytes of RAM available to new work (MemAvailable on Linux)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_backends() -> Check:
+    found = []
+    if importlib.util.find_spec("llama_cpp") is not None:
+        import llama_cpp
+
+        gpu = "GPU offload" if llama_cpp.llama_supports_gpu_offload() else "CPU only"
+        found.append(f"llama.cpp {importlib.metadata.version('llama-cpp-python')} ({gpu})")
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        found.append(f"torch {torch.__version__} ({'CUDA' if torch.cuda.is_available() else 'CPU'})")
+    if not found:
+        return Check("backends", FAIL, "no inference backend is installed",
+                     "pip install echo-swarm (torch) or 'echo-swarm[llama]' (llama.cpp)")
+    return Check("backends", OK, ", ".join(found))
+
+
+async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s: float) -> list[Check]:
+    """Run every check; never raises for what it finds."""
+    checks = [check_backends()]
+    identity = load(config.identity_path) if config.identity_path.exists() else Identity.generate()
+    async with open_swarm(identity, config.listen, server=True) as swarm:
+        host = swarm.host
+        answering = []
+        for addr in config.bootstrap:
+            info = parse_peer_addr(addr)
+            try:
+                rtt = await ping(host, info, config.bootstrap_timeout_s)
+            except Exception as exc:  # any failure of dial or stream: it does not answer
+                checks.append(Check("bootstrap", FAIL, f"{addr} does not answer ({type(exc).__name__}: {exc})"[:300],
+                                    "check the address (echo-bootstrap prints it) and that this machine "
+                                    "can reach it: a firewall may block outgoing TCP to its port"))
+                continue
+            answering.append(info)
+            await swarm.dht.add_peer(info.peer_id)
+            checks.append(Check("bootstrap", OK, f"{addr} answers in {rtt * 1000:.1f} ms"))
+        if not answering:
+            checks.append(Check("job", FAIL, "not looked up: no bootstrap peer answered",
+                                "fix the bootstrap check first"))
+            return checks
+
+        from echo_node.node import NoLearnerFound, Node
+
+        node = Node(config, identity, learner_addrs=learner_addrs)
+        node.swarm = swarm
+        try:
+            await node.find_learner()
+        except NoLearnerFound as exc:
+            checks.append(Check("job", FAIL, str(exc), "check the invite (or --learner / --job-id); "
+                                "is the learner running and connected to the same bootstrap peers?"))
+            return checks
+        assert node.learner is not None and node.record is not None
+        learner, record = node.learner.to_base58(), node.record
+        checks.append(Check("job", OK, f"{record.job_id} (task {record.task}, version {record.version}) "
+                            f"by learner {learner}: record found, signature valid"))
+        try:
+            rtt = await ping(host, PeerInfo(node.learner, []), timeout_s)
+            how = route(host.get_network().connections[node.learner][0])
+            checks.append(Check("learner", OK, f"answers ping in {rtt * 1000:.1f} ms ({how} connection)"))
+        except Exception as exc:  # any failure of dial or stream: it does not answer
+            checks.append(Check("learner", FAIL, f"does not answer ({type(exc).__name__})",
+                                "the learner may be down or unreachable from here; try again later"))
+
+        servers = [info.peer_id for info in answering] + [node.learner]
+        reach = await check_reachability(host, servers, timeout_s)
+        answers = "; ".join(f"{p[-8:]}: {a}" for p, a in reach.answers.items())
+        if reach.status == PUBLIC:
+            checks.append(Check("reachable", OK, f"public: other peers can dial this node ({answers})"))
+        elif reach.status == PRIVATE:
+            port = _listen_port(host)
+            checks.append(Check(
+                "reachable", WARN, f"behind NAT or a firewall: nobody can dial this node ({answers})",
+                "nothing is needed to work; to serve weights to more peers, forward TCP port "
+                f"{port} on your router to this machine (and listen on a fixed port with --listen)",
+            ))
+        else:
+            checks.append(Check("reachable", WARN, f"unknown: no dial-back answered ({answers})",
+                                "try again; the bootstrap peers may be busy"))
+
+        port = _listen_port(host)
+        if port:
+            try:
+                punch = await try_punch(host, answering[0].peer_id, port, timeout_s)
+            except Exception as exc:  # the probe itself failed: say so, it is not a verdict
+                checks.append(Check("hole punch", WARN, f"could not try ({type(exc).__name__})", ""))
+            else:
+                if punch.reached:
+                    checks.append(Check("hole punch", OK, "a direct connection through your router "
+                                        "works: peers behind other home routers can reach you directly"))
+                else:
+                    checks.append(Check("hole punch", WARN, f"failed ({punch.detail}): your router maps "
+                                        "ports unpredictably or refuses replies, so other NATed peers "
+                                        "reach you only through a relay",
+                                        "turn on UPnP or forward the port above on your router"))
+
+        size = record.total_size
+        need_ram = 3 * size + RUNTIME_BYTES
+        have_ram = available_ram()
+        checks.append(Check("memory", OK if have_ram >= need_ram else FAIL,
+                            f"the model ({_mib(size)}) needs about {_mib(need_ram)} of RAM; "
+                            f"{_mib(have_ram)} available",
+                            "" if have_ram >= need_ram else "close other programs or use a machine with more RAM"))
+        disk_dir = _existing_parent(config.data_dir)
+        free = shutil.disk_usage(disk_dir).free
+        need_disk = (config.keep_versions + 1) * size
+        checks.append(Check("disk", OK if free >= need_disk else FAIL,
+                            f"{config.keep_versions} versions need about {_mib(need_disk)}; "
+                            f"{_mib(free)} free at {disk_dir}",
+                            "" if free >= need_disk else "free some disk or pass --data-dir on a larger disk"))
+
+        try:
+            rate = await measure_upload(host, answering[0].peer_id, timeout_s)
+            checks.append(Check("upload", OK, f"about {rate / 1e6:.1f} MB/s ({rate * 8 / 1e6:.0f} Mbit/s) "
+                                "to a bootstrap peer"))
+        except Exception as exc:  # the probe failed: report, do not guess
+            checks.append(Check("upload", WARN, f"could not measure ({type(exc).__name__})", ""))
+    return checks
+
+
+def _listen_port(host) -> int:  # type: ignore[no-untyped-def]
+    for addr in host.get_addrs():
+        try:
+            return int(addr.value_for_protocol("tcp"))
+        except Exception:  # not a TCP address
+            continue
+    return 0
+
+
+def _existing_parent(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def report(checks: list[Check]) -> dict:
+    useful = not any(c.status == FAIL for c in checks)
+    return {"ok": useful, "checks": [asdict(c) for c in checks], "checked_unix": round(time.time(), 1)}
+
+
+def describe(checks: list[Check]) -> str:
+    lines = []
+    for c in checks:
+        lines.append(f"{c.status:<5} {c.name:<11} {c.detail}")
+        if c.fix:
+            lines.append(f"{'':<17} -> {c.fix}")
+    useful = not any(c.status == FAIL for c in checks)
+    lines.append("this node can do useful work" if useful else "this node cannot do useful work yet (see fail above)")
+    return "\n".join(lines)
