@@ -172,6 +172,7 @@ class Node:
                     await trio.sleep(
                         min(self.config.retry_s * 2 ** min(failures - 1, 10), self.config.max_retry_s)
                     )
+                    await self.relocate_learner()
                     continue
                 if failures:
                     event(log, logging.WARNING, "learner is back", after_failures=failures)
@@ -234,6 +235,28 @@ class Node:
             f"no learner{' ' + wanted if wanted else ''} found in the DHT "
             f"within {self.config.discovery_timeout_s:.0f} s"
         )
+
+    async def relocate_learner(self) -> bool:
+        """Look the learner up again in the DHT: a learner restarted on another
+        port or machine announces its new addresses there. Only the learner's
+        own peer id is followed (Noise proves who answers at the address)."""
+        assert self.swarm is not None and self.learner is not None
+        found = await find_providers(self.swarm, JOB_DIRECTORY_KEY, self.config.request_timeout_s)
+        info = found.get(self.learner.to_base58())
+        if info is None or not info.addrs:
+            return False
+        host = self.swarm.host
+        # py-libp2p refuses to redial a peer for 60 s after a failed dial; the
+        # learner may be back (here or elsewhere) well before that.
+        host.get_network().unblock_peer(self.learner)
+        known = set(map(str, host.get_peerstore().addrs(self.learner)))
+        if known == set(map(str, info.addrs)):
+            return False
+        host.get_peerstore().clear_addrs(self.learner)
+        host.get_peerstore().add_addrs(self.learner, info.addrs, 3600)
+        event(log, logging.WARNING, "the learner moved; trying its new address",
+              addrs=[str(a) for a in info.addrs])
+        return True
 
     async def _try_learner(self, info: PeerInfo) -> bool:
         assert self.swarm is not None

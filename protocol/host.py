@@ -66,6 +66,9 @@ def make_host(identity: Identity, listen: Sequence[str]) -> IHost:
         # Pass the listen addresses here too, or their transport is skipped
         # silently (pitfall 11).
         listen_addrs=addrs,
+        # What peers are told (identify, DHT provider records): a wildcard
+        # listen address is nobody's address to dial.
+        addrs_factory=expand_wildcards,
     )
 
 
@@ -82,20 +85,18 @@ def _local_ipv4() -> list[str]:
     return sorted(ips, key=lambda ip: (ip.startswith("127."), ip))
 
 
-def full_addrs(host: IHost) -> list[str]:
-    """Dialable listen addresses, each ending in ``/p2p/<peer id>``.
-
-    A wildcard listen address (``/ip4/0.0.0.0``) is not dialable, so it is
-    replaced by one address per local interface.
-    """
-    pid = host.get_id().to_base58()
+def expand_wildcards(addrs: list[multiaddr.Multiaddr]) -> list[multiaddr.Multiaddr]:
+    """Each ``/ip4/0.0.0.0/...`` address replaced by one per local interface."""
     out = []
-    for addr in host.get_addrs():
+    for addr in addrs:
         text = str(addr)
-        if "/p2p/" not in text:
-            text = f"{text}/p2p/{pid}"
         if text.startswith("/ip4/0.0.0.0/"):
-            out += [text.replace("/ip4/0.0.0.0/", f"/ip4/{ip}/", 1) for ip in _local_ipv4()]
+            out += [parse_multiaddr(text.replace("/ip4/0.0.0.0/", f"/ip4/{ip}/", 1)) for ip in _local_ipv4()]
         else:
-            out.append(text)
+            out.append(addr)
     return out
+
+
+def full_addrs(host: IHost) -> list[str]:
+    """The addresses this host advertises, each ending in ``/p2p/<peer id>``."""
+    return [str(addr) for addr in host.get_addrs()]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 WORK_PROTOCOL = "/echo-swarm/work/1.3.0"
 ROLLOUT_PROTOCOL = "/echo-swarm/rollout/1.0.0"
 RECEIPTS_PROTOCOL = "/echo-swarm/receipts/1.0.0"
@@ -26,5 +28,10 @@ def manifest_key(learner_id: str) -> str:
 
 
 def swarm_key(job_id: str) -> str:
-    """DHT provider key under which every process of a job announces itself."""
-    return f"echo-swarm/job/{job_id}/peers"
+    """DHT provider key under which every process of a job announces itself.
+
+    The job id is hashed in: Kademlia peers (py-libp2p and go-libp2p alike)
+    refuse provider keys over 80 bytes, and job ids may be 64 characters.
+    """
+    digest = hashlib.sha256(job_id.encode()).hexdigest()[:32]
+    return f"echo-swarm/job/{digest}/peers"

@@ -146,7 +146,9 @@ async def open_swarm(
     host = make_host(identity, listen)
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(host.run([parse_multiaddr(a) for a in listen]))
-        dht = KadDHT(host, DHTMode.SERVER if server else DHTMode.CLIENT)
+        # strict: records under namespaces nobody registered a validator for
+        # are refused, not stored (anyone could otherwise fill our memory).
+        dht = KadDHT(host, DHTMode.SERVER if server else DHTMode.CLIENT, strict_validation=True)
         dht.register_validator(DHT_NAMESPACE, ManifestRecordValidator())
         await stack.enter_async_context(background_trio_service(dht))
         swarm = Swarm(host, dht)

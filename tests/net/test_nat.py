@@ -162,3 +162,31 @@ def test_doctor_fails_clearly_when_the_bootstrap_is_unreachable(natted_swarm, tm
     assert checks["bootstrap"]["status"] == "fail"
     assert "does not answer" in checks["bootstrap"]["detail"] and checks["bootstrap"]["fix"]
     assert checks["job"]["status"] == "fail"
+
+
+def learner_peers(swarm) -> dict[str, dict] | None:
+    done = swarm.run("learner", "echo_learner", "peers", "--json", "--data-dir", str(swarm.root / "learner"))
+    return {p["name"]: p for p in json.loads(done.stdout)} if done.returncode == 0 else None
+
+
+def test_natted_nodes_find_a_learner_restarted_on_another_machine(natted_swarm):
+    """Runs last: it kills the learner. Nodes are not restarted or told anything."""
+    net, swarm, invite = natted_swarm
+    wait_until("the learner's first checkpoint", lambda: (swarm.root / "learner" / "checkpoint.pt").exists(), swarm)
+    learner = swarm.procs["learner"]
+    learner.kill()  # a crash: no goodbye, api.json left behind
+    learner.wait()
+    net.public("learner2", "10.77.0.5")
+    swarm.machine["learner"] = net.prefix_argv("learner2")
+    swarm.start_learner("--mode", "async", "--steps", "100000", "--resume")
+
+    def natted_nodes_back():
+        peers = learner_peers(swarm)  # the new process knows only who reached it
+        back = peers and all(peers.get(n, {}).get("accepted", 0) >= 1 for n in ("node1", "node2"))
+        return peers if back else None
+
+    peers = wait_until("the NATed nodes to deliver to the restarted learner", natted_nodes_back, swarm)
+    assert peers["node1"]["reachability"] == "private"
+    for i in (1, 2):
+        log = (swarm.root / f"node{i}.log").read_text()
+        assert "the learner moved" in log, log[-2000:]
