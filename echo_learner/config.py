@@ -72,6 +72,8 @@ class LearnerConfig:
     max_upload_mbit: float = setting(0.0, "upload bandwidth cap in Mbit/s (0: uncapped)", lo=0)
     request_timeout_s: float = setting(60.0, "deadline of one incoming request", lo=1)
     bootstrap_timeout_s: float = setting(10.0, "deadline to dial one bootstrap peer", lo=1)
+    mdns: bool = setting(True, "announce the job on the local network (mDNS), so nodes on the LAN "
+                         "need no bootstrap address")
     bootstrap_ping_s: float = setting(
         10.0, "seconds between pings to each bootstrap peer (shown on the status page)", lo=0.1
     )

@@ -42,6 +42,7 @@ from protocol.broadcast.store import VersionStore
 from protocol.files import write_atomic
 from protocol.host import full_addrs
 from protocol.identity import Identity
+from protocol.lan import discover_lan
 from protocol.ids import (
     JOB_DIRECTORY_KEY,
     RECEIPTS_PROTOCOL,
@@ -159,6 +160,8 @@ class Learner:
                 trio.open_nursery() as nursery,
             ):
                 self.swarm = swarm
+                if cfg.mdns:
+                    await nursery.start(discover_lan, swarm, cfg.bootstrap_timeout_s)
                 await connect_bootstrap(swarm, cfg.bootstrap, cfg.bootstrap_timeout_s)
                 self.bootstrap_probe = BootstrapProbe(
                     swarm, cfg.bootstrap, cfg.bootstrap_ping_s, cfg.bootstrap_timeout_s

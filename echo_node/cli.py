@@ -91,9 +91,11 @@ def main(argv: list[str] | None = None) -> None:
         os.environ[f"{ENV_PREFIX}_BOOTSTRAP"] = os.environ["ECHO_BOOTSTRAP"]
     config = resolve_or_exit(PROG, NodeConfig, args, ENV_PREFIX)
     config, learner_addrs = apply_invite(config, args.invite)
-    if not config.bootstrap:
+    if not config.bootstrap and not config.mdns:
         fail(PROG, "no bootstrap peer: paste the invite the learner's operator gave you "
              "(echo-node join echo1:...), or pass --bootstrap ADDR (or set ECHO_BOOTSTRAP)")
+    if not config.bootstrap:
+        print("no bootstrap peer given: looking for a learner on the local network (mDNS)", flush=True)
     if args.command == "credits":
         credits(config, learner_addrs, as_json=args.json, verbose=args.verbose)
     elif args.command == "doctor":

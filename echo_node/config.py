@@ -53,6 +53,13 @@ class NodeConfig:
     retry_s: float = setting(1.0, "first pause before retrying a learner that did not answer", lo=0.05)
     max_retry_s: float = setting(30.0, "longest pause between retries (backoff doubles up to it)", lo=0.05)
     bootstrap_timeout_s: float = setting(10.0, "deadline to dial one bootstrap peer", lo=1)
+    mdns: bool = setting(
+        True, "announce and look for peers on the local network (mDNS): on one LAN, no "
+        "bootstrap address is needed",
+    )
+    lan_wait_s: float = setting(
+        20.0, "with no bootstrap peer, how long to look for a learner on the LAN before giving up", lo=1
+    )
     reachability_every_s: float = setting(
         300.0, "how often to re-check whether peers can dial this node (AutoNAT)", lo=5
     )

@@ -41,6 +41,7 @@ from protocol.ids import (
     WORK_PROTOCOL,
     manifest_key,
 )
+from protocol.lan import discover_lan
 from protocol.logs import event
 from protocol.messages import (
     MAX_RECEIPTS_PER_PAGE,
@@ -106,11 +107,16 @@ class Node:
         cfg = self.config
         # DHT server mode: py-libp2p 0.8.1 adds every peer that queries it to
         # its routing table and then fails to query client-mode peers back.
-        async with open_swarm(self.identity, cfg.listen, server=True) as swarm:
+        async with open_swarm(self.identity, cfg.listen, server=True) as swarm, trio.open_nursery() as nursery:
             self.swarm = swarm
+            if cfg.mdns:
+                await nursery.start(discover_lan, swarm, cfg.bootstrap_timeout_s)
             await connect_bootstrap(swarm, cfg.bootstrap, cfg.bootstrap_timeout_s)
             await self.find_learner()
-            yield swarm
+            try:
+                yield swarm
+            finally:
+                nursery.cancel_scope.cancel()
 
     async def _watch_reachability(self) -> None:
         """Ask the bootstrap peers and the learner to dial us back, now and every
@@ -222,7 +228,9 @@ class Node:
             addrs = [parse_multiaddr(a) for a in self.learner_addrs]
             if await self._try_learner(PeerInfo(ID.from_base58(wanted), addrs)):
                 return
-        with trio.move_on_after(self.config.discovery_timeout_s):
+        # With no bootstrap peer only the LAN can answer, and soon if at all.
+        patience = self.config.discovery_timeout_s if self.config.bootstrap else self.config.lan_wait_s
+        with trio.move_on_after(patience):
             while True:
                 found = await find_providers(self.swarm, JOB_DIRECTORY_KEY, self.config.request_timeout_s)
                 for peer, info in found.items():
@@ -231,9 +239,14 @@ class Node:
                     if await self._try_learner(info):
                         return
                 await trio.sleep(self.config.retry_s)
+        if not self.config.bootstrap:
+            raise NoLearnerFound(
+                f"no learner answered on the local network (mDNS) within {patience:.0f} s and no "
+                "bootstrap peer was given: paste the invite the learner's operator gave you "
+                "(echo-node join echo1:...), or pass --bootstrap ADDR"
+            )
         raise NoLearnerFound(
-            f"no learner{' ' + wanted if wanted else ''} found in the DHT "
-            f"within {self.config.discovery_timeout_s:.0f} s"
+            f"no learner{' ' + wanted if wanted else ''} found in the DHT within {patience:.0f} s"
         )
 
     async def relocate_learner(self) -> bool:

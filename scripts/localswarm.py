@@ -38,9 +38,17 @@ class LocalSwarm:
     machine: dict[str, list[str]] = field(default_factory=dict)
     listen: str = LOOPBACK
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        if name in self.machine:
+            # A namespaced machine (scripts/netns.py) has a LAN of its own:
+            # mDNS keeps its default (on).
+            env.pop("ECHO_NODE_MDNS", None)
+            env.pop("ECHO_LEARNER_MDNS", None)
+        elif args[0] != "bootstrap":
+            # Here mDNS would announce a local swarm to the real LAN.
+            args = [*args, "--no-mdns"]
         log = open(self.root / f"{name}.log", "w")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         cpus = self.cpus.get(name)
         proc = subprocess.Popen(
             [*self.machine.get(name, []), sys.executable, "-m", *args],

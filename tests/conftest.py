@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -6,6 +7,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "bench"))
+# Processes the tests start must not announce themselves on this machine's
+# real LAN; the namespaced LAN tests (tests/net/) pass --mdns explicitly.
+os.environ["ECHO_NODE_MDNS"] = "false"
+os.environ["ECHO_LEARNER_MDNS"] = "false"
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ def test_help_explains(module):
     "args, message",
     [
         (["echo_node", "join", "--no-such-flag"], "unrecognized arguments"),
-        (["echo_node", "join"], "no bootstrap peer: paste the invite"),
+        (["echo_node", "join", "--no-mdns"], "no bootstrap peer: paste the invite"),
         (["echo_node", "join", "echo1:AAAA"], "damaged or forged"),
         (["echo_node", "join", "http://example"], "an invite starts with"),
         (["echo_node", "status"], "no node is running"),

@@ -187,6 +187,6 @@ def test_natted_nodes_find_a_learner_restarted_on_another_machine(natted_swarm):
 
     peers = wait_until("the NATed nodes to deliver to the restarted learner", natted_nodes_back, swarm)
     assert peers["node1"]["reachability"] == "private"
-    for i in (1, 2):
-        log = (swarm.root / f"node{i}.log").read_text()
-        assert "the learner moved" in log, log[-2000:]
+    # Nodes learn the new address from the learner's fresh DHT provider
+    # records: re-looking it up after failed requests, or through the
+    # broadcast's neighbour discovery, whichever comes first.
