@@ -21,6 +21,12 @@ class BootstrapConfig:
     )
     bootstrap: list[str] = setting([], "other bootstrap peers to join (with /p2p/<id>)")
     bootstrap_timeout_s: float = setting(10.0, "deadline to dial one other bootstrap peer", lo=1)
+    # The relay (circuit relay v2) that lets peers behind NAT be reached.
+    relay_reservations: int = setting(128, "relay: most peers holding a reservation at once", lo=0)
+    relay_circuits_per_peer: int = setting(8, "relay: most relayed connections to one peer at once", lo=1)
+    relay_circuit_s: int = setting(600, "relay: a relayed connection is closed after this long", lo=1)
+    relay_circuit_mb: int = setting(64, "relay: ... or after carrying this many MiB", lo=1)
+    relay_reservation_s: int = setting(900, "relay: a reservation lapses unless renewed within this", lo=60)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,7 +34,8 @@ def main(argv: list[str] | None = None) -> None:
         prog=PROG,
         description="Run a bootstrap peer for an Echo Swarm: a long-lived Kademlia DHT server "
         "through which learners and volunteer nodes find each other, which also tells nodes "
-        "whether they can be dialled from outside (AutoNAT dial-backs). Prints its full "
+        "whether they can be dialled from outside (AutoNAT dial-backs) and relays for nodes "
+        "behind NAT (circuit relay v2, within the --relay-* limits). Prints its full "
         "multiaddr (give it to others as --bootstrap) and runs until Ctrl-C.",
     )
     add_arguments(parser, BootstrapConfig)
@@ -44,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from protocol.host import BadMultiaddr, check_addrs, full_addrs
     from protocol.identity import load_or_exit
+    from protocol.relay import RelayLimits
     from protocol.runtime import run_until_signal
     from protocol.swarm import BootstrapUnreachable, connect_bootstrap, open_swarm
 
@@ -54,7 +62,16 @@ def main(argv: list[str] | None = None) -> None:
     identity = load_or_exit(PROG, config.identity)
 
     async def serve() -> None:
-        async with open_swarm(identity, config.listen, server=True, answer_probes=True) as swarm:
+        limits = RelayLimits(
+            max_reservations=config.relay_reservations,
+            circuits_per_peer=config.relay_circuits_per_peer,
+            circuit_duration_s=config.relay_circuit_s,
+            circuit_bytes=config.relay_circuit_mb * 2**20,
+            reservation_ttl_s=config.relay_reservation_s,
+        )
+        async with open_swarm(
+            identity, config.listen, server=True, answer_probes=True, relay_hop=True, relay_limits=limits
+        ) as swarm:
             await connect_bootstrap(swarm, config.bootstrap, config.bootstrap_timeout_s)
             for addr in full_addrs(swarm.host):
                 print(addr, flush=True)

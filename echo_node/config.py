@@ -53,6 +53,10 @@ class NodeConfig:
     retry_s: float = setting(1.0, "first pause before retrying a learner that did not answer", lo=0.05)
     max_retry_s: float = setting(30.0, "longest pause between retries (backoff doubles up to it)", lo=0.05)
     bootstrap_timeout_s: float = setting(10.0, "deadline to dial one bootstrap peer", lo=1)
+    relay: bool = setting(
+        False, "also relay for peers behind NAT (circuit relay v2, default limits); useful only "
+        "on a machine others can dial",
+    )
     mdns: bool = setting(
         True, "announce and look for peers on the local network (mDNS): on one LAN, no "
         "bootstrap address is needed",

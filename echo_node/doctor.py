@@ -9,6 +9,7 @@ is ok, what to do about it. In order:
   job         the job's record is in the DHT and its learner signature is valid
   learner     the learner answers, and how we reach it (direct or relayed)
   reachable   whether other peers can dial us (AutoNAT dial-backs)
+  relay       behind NAT: a relay reservation on a bootstrap peer is granted
   hole punch  a TCP hole punch against a public peer (protocol.probe)
   memory      RAM the job's model needs against RAM available
   disk        disk its versions need against free disk in --data-dir
@@ -89,7 +90,7 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
     """Run every check; never raises for what it finds."""
     checks = [check_backends()]
     identity = load(config.identity_path) if config.identity_path.exists() else Identity.generate()
-    async with open_swarm(identity, config.listen, server=True) as swarm:
+    async with open_swarm(identity, config.listen, server=True, relays=config.bootstrap) as swarm:
         host = swarm.host
         answering = []
         for addr in config.bootstrap:
@@ -146,6 +147,19 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
         else:
             checks.append(Check("reachable", WARN, f"unknown: no dial-back answered ({answers})",
                                 "try again; the bootstrap peers may be busy"))
+
+        if reach.status == PRIVATE:
+            assert swarm.relay is not None
+            held = [r for r in [await swarm.relay._reserve(info) for info in answering[:2]] if r]
+            if held:
+                checks.append(Check("relay", OK, "reservation held on relay " + ", ".join(
+                    r.relay for r in held) + ": peers behind other routers can reach this node through it"))
+            else:
+                checks.append(Check("relay", WARN, "no bootstrap peer granted a relay reservation: only "
+                                    "peers this node dials itself can exchange weights with it",
+                                    "ask the swarm's operator to run a relay (echo-bootstrap runs one)"))
+        else:
+            checks.append(Check("relay", OK, "not needed: other peers can dial this node"))
 
         port = _listen_port(host)
         if port:

@@ -58,7 +58,7 @@ from protocol.messages import (
     WorkAssignment,
     WorkRequest,
 )
-from protocol.reachability import Reachability, check_reachability
+from protocol.reachability import PRIVATE, Reachability, check_reachability
 from protocol.records import InvalidRecord, decode_record
 from protocol.rpc import RequestFailed, request
 from protocol.swarm import Swarm, connect_bootstrap, find_providers, open_swarm
@@ -107,7 +107,10 @@ class Node:
         cfg = self.config
         # DHT server mode: py-libp2p 0.8.1 adds every peer that queries it to
         # its routing table and then fails to query client-mode peers back.
-        async with open_swarm(self.identity, cfg.listen, server=True) as swarm, trio.open_nursery() as nursery:
+        async with (
+            open_swarm(self.identity, cfg.listen, server=True, relay_hop=cfg.relay, relays=cfg.bootstrap) as swarm,
+            trio.open_nursery() as nursery,
+        ):
             self.swarm = swarm
             if cfg.mdns:
                 await nursery.start(discover_lan, swarm, cfg.bootstrap_timeout_s)
@@ -128,6 +131,9 @@ class Node:
             if found.status != self.reachability.status:
                 event(log, logging.WARNING, f"reachability: {found.describe()}", answers=found.answers)
             self.reachability = found
+            # Behind NAT, a relay reservation makes us reachable to other peers.
+            assert self.swarm.relay is not None
+            self.swarm.relay.want(found.status == PRIVATE)
             await trio.sleep(self.config.reachability_every_s)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -145,6 +151,8 @@ class Node:
             )
             await nursery.start(self.engine.run)
             nursery.start_soon(self._follow_versions)
+            assert swarm.relay is not None
+            await nursery.start(swarm.relay.run)
             nursery.start_soon(self._watch_reachability)
             nursery.start_soon(status.keep_written, self, cfg.status_path)
             # Three stages, each its own task, so the backend never waits on the

@@ -36,6 +36,7 @@ def snapshot(node: Node) -> dict[str, Any]:
         "backend": node.backend.name if node.backend else "",
         "dtype": node.backend.dtype if node.backend else "",
         "reachability": node.reachability.to_json(),
+        "relay_reservations": node.swarm.relay.to_json() if node.swarm and node.swarm.relay else [],
         "addrs": full_addrs(node.swarm.host) if node.swarm else [],
         "neighbours": len(node.engine.neighbours) if node.engine else 0,
         "rollouts_sent": node.rollouts_sent,
@@ -88,11 +89,15 @@ def describe(data: dict[str, Any]) -> str:
         "unknown": "unknown: no peer has answered a dial-back request yet",
     }[reach["status"]]
     answers = "".join(f"\n             {peer[-12:]}: {answer}" for peer, answer in reach["answers"].items())
+    relays = "".join(
+        f"\n             relay reservation on {r['relay'][-12:]} (renewed before {r['expires_in_s']} s)"
+        for r in data["relay_reservations"]
+    )
     return (
         f"node       {data['peer']}\n"
         f"job        {data['job_id'] or '-'} (learner {data['learner'] or 'not found yet'})\n"
         f"weights    version {data['version']} ({data['backend']} {data['dtype']})\n"
-        f"reachable  {status}{answers}\n"
+        f"reachable  {status}{answers}{relays}\n"
         f"swarm      {data['neighbours']} neighbours; listening on {', '.join(data['addrs'])}\n"
         f"work       {data['rollouts_sent']} rollouts sent, {data['batches_accepted']} batches accepted"
     )

@@ -54,11 +54,16 @@ def check_addrs(listen: Sequence[str], bootstrap: Sequence[str]) -> None:
         parse_peer_addr(text)
 
 
-def make_host(identity: Identity, listen: Sequence[str]) -> IHost:
+def make_host(
+    identity: Identity, listen: Sequence[str], extra_addrs: list[multiaddr.Multiaddr] | None = None
+) -> IHost:
+    """A host with our security settings. It advertises its listen addresses
+    (wildcards expanded) plus ``extra_addrs``, a list the caller may change
+    later (relayed addresses come and go with reservations)."""
     key_pair = identity.key_pair
     addrs = [parse_multiaddr(a) for a in listen]
     noise = NoiseTransport(key_pair, noise_privkey=new_x25519_key_pair().private_key)
-    return new_host(
+    host = new_host(
         key_pair=key_pair,
         sec_opt={NOISE_PROTOCOL_ID: noise},
         muxer_opt=create_yamux_muxer_option(),
@@ -70,6 +75,13 @@ def make_host(identity: Identity, listen: Sequence[str]) -> IHost:
         # listen address is nobody's address to dial.
         addrs_factory=expand_wildcards,
     )
+    if extra_addrs is not None:
+        # Not through addrs_factory: py-libp2p cuts each advertised address at
+        # its first /p2p/, which would turn a relayed one into the relay's own.
+        listen_addrs = host.get_addrs
+        me = multiaddr.Multiaddr(f"/p2p/{identity.peer_id_str}")
+        host.get_addrs = lambda: [*listen_addrs(), *(a.encapsulate(me) for a in extra_addrs)]  # type: ignore[method-assign]
+    return host
 
 
 def _local_ipv4() -> list[str]:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
+import multiaddr
 import trio
 from libp2p.abc import IHost
 from libp2p.host.ping import ID as PING_PROTOCOL
@@ -26,12 +27,14 @@ from protocol.logs import event
 from protocol.probe import ProbeServer
 from protocol.reachability import AutoNATServer
 from protocol.records import ManifestRecordValidator
+from protocol.relay import RelayClient, RelayLimits, relay_protocol
 
 log = logging.getLogger(__name__)
 
 # How long an AutoNAT server waits for one dial-back: a firewall that drops
 # packets would otherwise hold it for the OS's whole TCP connect timeout.
 DIAL_BACK_TIMEOUT_S = 5.0
+RELAY_TIMEOUT_S = 10.0  # to dial a relay and get a reservation
 
 
 class BootstrapUnreachable(ConnectionError):
@@ -43,6 +46,7 @@ class Swarm:
     host: IHost
     dht: KadDHT
     autonat: AutoNATServer | None = None  # set when this process answers dial-back requests
+    relay: RelayClient | None = None  # keeps relay reservations while we are not dialable
 
 
 async def connect_bootstrap(swarm: Swarm, bootstrap: Sequence[str], timeout_s: float) -> int:
@@ -132,6 +136,9 @@ async def open_swarm(
     *,
     server: bool,
     answer_probes: bool = False,
+    relay_hop: bool = False,
+    relay_limits: RelayLimits = RelayLimits(),
+    relays: Sequence[str] = (),
 ) -> AsyncIterator[Swarm]:
     """Run a host and its DHT until the block exits.
 
@@ -140,10 +147,14 @@ async def open_swarm(
     ``answer_probes``: also answer other peers' "can you dial me?" requests
     (``protocol.reachability``, from a second, listen-less host) and their
     hole-punch and upload probes (``protocol.probe``).
+    Every swarm accepts relayed connections to itself; ``relay_hop``: also
+    relay for others within ``relay_limits``; ``relays``: relays (multiaddrs)
+    on which ``swarm.relay`` may hold reservations (run ``swarm.relay.run``).
     """
     for addr in listen:
         parse_multiaddr(addr)
-    host = make_host(identity, listen)
+    relayed_addrs: list[multiaddr.Multiaddr] = []
+    host = make_host(identity, listen, relayed_addrs)
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(host.run([parse_multiaddr(a) for a in listen]))
         # strict: records under namespaces nobody registered a validator for
@@ -152,6 +163,11 @@ async def open_swarm(
         dht.register_validator(DHT_NAMESPACE, ManifestRecordValidator())
         await stack.enter_async_context(background_trio_service(dht))
         swarm = Swarm(host, dht)
+        circuits = relay_protocol(host, hop=relay_hop, limits=relay_limits)
+        await stack.enter_async_context(background_trio_service(circuits))
+        swarm.relay = RelayClient(
+            host, circuits, [parse_peer_addr(a) for a in relays], RELAY_TIMEOUT_S, advertised=relayed_addrs
+        )
         if answer_probes:
             dialer = make_host(Identity.generate(), [])
             await stack.enter_async_context(dialer.run([]))

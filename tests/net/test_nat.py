@@ -100,6 +100,21 @@ def test_nodes_behind_nat_join_with_an_invite_and_know_whether_they_are_reachabl
     # Behind NAT the bootstrap and the learner both tried to dial back and failed.
     assert set(statuses[1]["reachability"]["answers"].values()) == {"could not dial us back"}
 
+    # Nodes behind NAT hold a reservation on the bootstrap's relay and
+    # advertise the relayed address; the public node needs none.
+    def relayed():
+        statuses = [node_status(swarm, i) for i in range(len(NODES))]
+        return statuses if all(s["relay_reservations"] for s in statuses[1:]) else None
+
+    statuses = wait_until("NATed nodes to hold relay reservations", relayed, swarm, timeout_s=60)
+    boot_id = swarm.bootstrap_addr.rsplit("/p2p/", 1)[1]
+    assert statuses[0]["relay_reservations"] == []
+    for status in statuses[1:]:
+        (reservation,) = status["relay_reservations"]
+        assert reservation["relay"] == boot_id and reservation["expires_in_s"] > 60
+        circuit = f"/p2p/{boot_id}/p2p-circuit/p2p/{status['peer']}"
+        assert any(a.endswith(circuit) and a.startswith("/ip4/10.77.0.2/") for a in status["addrs"]), status["addrs"]
+
     # The learner's operator sees the same in `echo-learner peers`.
     done = swarm.run("learner", "echo_learner", "peers", "--json", "--data-dir", str(swarm.root / "learner"))
     assert done.returncode == 0, done.stderr
@@ -142,7 +157,7 @@ def test_doctor_tells_the_situations_apart(natted_swarm, tmp_path, machine, reac
     code, report = doctor(swarm, machine, tmp_path, invite)
     checks = by_name(report)
     assert code == 0 and report["ok"], report
-    for name in ("backends", "bootstrap", "job", "learner", "memory", "disk", "upload"):
+    for name in ("backends", "bootstrap", "job", "learner", "relay", "memory", "disk", "upload"):
         assert checks[name]["status"] == "ok", checks[name]
     assert "signature valid" in checks["job"]["detail"]
     assert "direct connection" in checks["learner"]["detail"]

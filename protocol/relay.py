@@ -1,0 +1,178 @@
+"""Circuit relay v2 (``/libp2p/circuit/relay/0.2.0/{hop,stop}``): reaching peers behind NAT.
+
+A node behind NAT can dial out but nobody can dial it. It therefore keeps a
+*reservation* on up to two relays (bootstrap peers run one): while it holds
+one, a peer can ask the relay to connect it, and the relay splices the two
+connections together (end to end the connection is still Noise-encrypted
+between the two peers). The node advertises ``<relay addr>/p2p-circuit`` as
+one of its addresses, in identify and in its DHT provider records.
+
+- ``RelayLimits`` (bounded by default, see ``RelayService``): how many
+  reservations a relay grants in total, how many relayed connections each
+  reserved peer may have at once, how long and how many bytes each may carry,
+  and how long a reservation lasts before it must be renewed.
+- ``RelayClient``: keeps reservations on up to ``max_relays`` relays while it
+  is told the node is not publicly reachable, renews each at 80 % of its
+  life, tries another relay when one stops answering, and keeps the list of
+  relayed addresses the host advertises.
+
+The wire format and both sides of the relay are py-libp2p's
+(``libp2p.relay.circuit_v2``), which follow the libp2p spec.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import multiaddr
+import trio
+from libp2p.abc import IHost
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
+from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
+from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
+from libp2p.relay.circuit_v2.resources import RelayLimits as LibRelayLimits
+from libp2p.relay.circuit_v2.transport import CircuitV2Transport
+
+from protocol.logs import event
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RelayLimits:
+    """What one relay grants. Defaults suit a bootstrap peer on a home uplink."""
+
+    max_reservations: int = 128  # peers holding a reservation at once
+    circuits_per_peer: int = 8  # relayed connections to one reserved peer at once
+    circuit_duration_s: int = 600  # a relayed connection is closed after this
+    circuit_bytes: int = 64 * 2**20  # ... or after carrying this many bytes
+    reservation_ttl_s: int = 900  # a reservation lapses unless renewed
+
+    def to_lib(self) -> LibRelayLimits:
+        return LibRelayLimits(
+            duration=self.circuit_duration_s,
+            data=self.circuit_bytes,
+            max_circuit_conns=self.circuits_per_peer,
+            max_reservations=self.max_reservations,
+            reservation_ttl=self.reservation_ttl_s,
+        )
+
+
+def relay_protocol(host: IHost, *, hop: bool, limits: RelayLimits = RelayLimits()) -> CircuitV2Protocol:
+    """The relay protocol service: ``hop=True`` relays for others (bootstrap
+    peers, ``echo-node join --relay``); every process accepts relayed
+    connections to itself (the stop side). Run it with ``background_trio_service``."""
+    return CircuitV2Protocol(host, limits=limits.to_lib(), allow_hop=hop)
+
+
+@dataclass
+class Reservation:
+    relay: str  # peer id
+    granted_unix: float
+    expires_unix: float
+    addrs: list[str]  # our circuit addresses through this relay
+
+    @property
+    def renew_unix(self) -> float:
+        """When to renew: at 80 % of its life, as the spec recommends."""
+        return self.granted_unix + 0.8 * (self.expires_unix - self.granted_unix)
+
+
+@dataclass
+class RelayClient:
+    """Holds reservations on up to ``max_relays`` of ``relays`` while ``wanted``."""
+
+    host: IHost
+    protocol: CircuitV2Protocol
+    relays: list[PeerInfo]
+    timeout_s: float
+    max_relays: int = 2
+    advertised: list[multiaddr.Multiaddr] = field(default_factory=list)  # read by the host's address list
+    reservations: dict[str, Reservation] = field(default_factory=dict)
+    wanted: bool = False
+    _changed: trio.Event = field(default_factory=trio.Event)
+
+    def __post_init__(self) -> None:
+        config = RelayConfig(roles=RelayRole.STOP | RelayRole.CLIENT)
+        self._transport = CircuitV2Transport(self.host, self.protocol, config)
+
+    def want(self, wanted: bool) -> None:
+        """Hold reservations (the node is not publicly reachable) or drop them."""
+        if wanted != self.wanted:
+            self.wanted = wanted
+            self._changed.set()
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            self._changed = trio.Event()  # before the work: a want() during it wakes us at once
+            if not self.wanted:
+                self.reservations.clear()
+            else:
+                await self._keep_reservations()
+            self._publish_addrs()
+            renew_at = min((r.renew_unix for r in self.reservations.values()), default=time.time() + 30)
+            # Wake to renew, to retry missing relays (every 30 s at most), or
+            # when told to start or stop.
+            with trio.move_on_after(max(1.0, min(renew_at - time.time(), 30.0))):
+                await self._changed.wait()
+
+    async def _keep_reservations(self) -> None:
+        now = time.time()
+        for relay_id, res in list(self.reservations.items()):
+            if now >= res.renew_unix:
+                del self.reservations[relay_id]  # renewed below, or dropped if it fails
+        for info in self.relays:
+            if len(self.reservations) >= self.max_relays:
+                return
+            relay_id = info.peer_id.to_base58()
+            if relay_id in self.reservations or info.peer_id == self.host.get_id():
+                continue
+            res = await self._reserve(info)
+            if res is not None:
+                self.reservations[relay_id] = res
+
+    async def _reserve(self, info: PeerInfo) -> Reservation | None:
+        relay_id = info.peer_id.to_base58()
+        try:
+            with trio.fail_after(self.timeout_s):
+                await self.host.connect(info)
+                stream = await self.host.new_stream(info.peer_id, [HOP_PROTOCOL])
+                try:
+                    ok = await self._transport._make_reservation(stream, info.peer_id)
+                finally:
+                    await stream.close()
+        except Exception as exc:  # any dial or stream failure: try another relay
+            event(log, logging.INFO, "relay did not answer", relay=relay_id, error=exc)
+            return None
+        if not ok:
+            event(log, logging.INFO, "relay refused a reservation", relay=relay_id)
+            return None
+        expires = float(self._transport._reservations.get(info.peer_id, 0)) or time.time() + 60
+        relay_addrs = [str(a) for a in info.addrs if not str(a).startswith("/ip4/127.")] or [
+            str(a) for a in info.addrs
+        ]
+        addrs = [f"{_without_p2p(a)}/p2p/{relay_id}/p2p-circuit" for a in relay_addrs]
+        event(log, logging.WARNING, "holding a relay reservation", relay=relay_id,
+              ttl_s=round(expires - time.time()))
+        return Reservation(relay_id, time.time(), expires, addrs)
+
+    def _publish_addrs(self) -> None:
+        self.advertised[:] = [
+            multiaddr.Multiaddr(a) for res in self.reservations.values() for a in res.addrs
+        ]
+
+    def to_json(self) -> list[dict[str, Any]]:
+        now = time.time()
+        return [
+            {"relay": r.relay, "expires_in_s": round(r.expires_unix - now), "addrs": r.addrs}
+            for r in self.reservations.values()
+        ]
+
+
+def _without_p2p(addr: str) -> str:
+    return addr.split("/p2p/", 1)[0]
