@@ -16,8 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from libp2p.peer.id import ID
+
 from protocol.files import write_atomic
 from protocol.host import full_addrs
+from protocol.rpc import route
 
 if TYPE_CHECKING:
     from echo_node.node import Node
@@ -38,10 +41,23 @@ def snapshot(node: Node) -> dict[str, Any]:
         "reachability": node.reachability.to_json(),
         "relay_reservations": node.swarm.relay.to_json() if node.swarm and node.swarm.relay else [],
         "addrs": full_addrs(node.swarm.host) if node.swarm else [],
-        "neighbours": len(node.engine.neighbours) if node.engine else 0,
+        "neighbours": _neighbours(node),
+        "chunks_from": dict(node.engine.stats.chunks_from) if node.engine else {},
         "rollouts_sent": node.rollouts_sent,
         "batches_accepted": node.receipts_accepted,
     }
+
+
+def _neighbours(node: Node) -> dict[str, str]:
+    """Each broadcast neighbour and how we reach it (direct or relayed)."""
+    if node.engine is None or node.swarm is None:
+        return {}
+    connections = node.swarm.host.get_network().connections
+    out = {}
+    for peer in node.engine.neighbours:
+        conns = connections.get(ID.from_base58(peer)) or []
+        out[peer] = route(conns[0]) if conns else "connecting"
+    return out
 
 
 async def keep_written(node: Node, path: Path) -> None:
@@ -98,6 +114,8 @@ def describe(data: dict[str, Any]) -> str:
         f"job        {data['job_id'] or '-'} (learner {data['learner'] or 'not found yet'})\n"
         f"weights    version {data['version']} ({data['backend']} {data['dtype']})\n"
         f"reachable  {status}{answers}{relays}\n"
-        f"swarm      {data['neighbours']} neighbours; listening on {', '.join(data['addrs'])}\n"
+        f"swarm      {len(data['neighbours'])} neighbours "
+        f"({sum(r.startswith('relayed') for r in data['neighbours'].values())} through a relay); "
+        f"addresses {', '.join(data['addrs'])}\n"
         f"work       {data['rollouts_sent']} rollouts sent, {data['batches_accepted']} batches accepted"
     )

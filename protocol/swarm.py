@@ -71,6 +71,18 @@ async def connect_bootstrap(swarm: Swarm, bootstrap: Sequence[str], timeout_s: f
     return connected
 
 
+async def connect(swarm: Swarm, info: PeerInfo) -> None:
+    """Connect to ``info`` directly if any of its addresses answers, else
+    through a relay it advertises (``.../p2p-circuit``); raises what the direct
+    dial raised when neither works. py-libp2p's own dialling skips relayed
+    addresses."""
+    try:
+        await swarm.host.connect(info)
+    except (OSError, SwarmException) as exc:
+        if swarm.relay is None or not await swarm.relay.dial(info):
+            raise exc from None
+
+
 async def ping(host: IHost, info: PeerInfo, timeout_s: float) -> float:
     """One libp2p ping round trip to ``info``, dialling it if no connection is
     held; the round trip in seconds. Raises whatever the dial or the stream

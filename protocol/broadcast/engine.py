@@ -47,7 +47,7 @@ from protocol.ids import CHUNK_PROTOCOL, HAVE_PROTOCOL, swarm_key
 from protocol.logs import event
 from protocol.messages import ChunkData, ChunkRequest, ErrorReply, Have, Manifest, ManifestRequest
 from protocol.rpc import RequestFailed, remote_peer, request, serve
-from protocol.swarm import Swarm, find_providers
+from protocol.swarm import Swarm, connect, find_providers
 
 log = logging.getLogger(__name__)
 
@@ -226,10 +226,11 @@ class BroadcastEngine:
         if len(self.neighbours) >= self.config.max_peers:
             return
         self.neighbours[peer] = None  # reserve: no second dial while this one runs
+        event(log, logging.DEBUG, "dialling peer", peer=peer, addrs=[str(a) for a in info.addrs])
         try:
             with trio.fail_after(self.config.request_timeout_s):
                 if info.addrs:
-                    await self.swarm.host.connect(info)
+                    await connect(self.swarm, info)
                 stream = await self.swarm.host.new_stream(info.peer_id, [HAVE_PROTOCOL])
         except (trio.TooSlowError, *PEER_ERRORS) as exc:
             self.neighbours.pop(peer, None)
@@ -466,13 +467,20 @@ class BroadcastEngine:
         assert self._nursery is not None
         dht = self.swarm.dht
         key = swarm_key(self.job_id)
-        with trio.move_on_after(self.config.request_timeout_s):
-            await dht.provide(key)
+        provided: set[str] = set()
         interval = self.config.discover_interval_s
         known: set[str] = set()
         unconnected: set[str] = set()
         while True:
+            # (Re-)announce whenever our addresses change: a relay reservation
+            # gained or lost changes how others can reach us.
+            addrs = {str(a) for a in self.swarm.host.get_addrs()}
+            if addrs != provided:
+                with trio.move_on_after(self.config.request_timeout_s):
+                    await dht.provide(key)
+                    provided = addrs
             found = await find_providers(self.swarm, key, self.config.request_timeout_s)
+            event(log, logging.DEBUG, "swarm peers found", peers={p[-6:]: len(i.addrs) for p, i in found.items()})
             missing = {p for p in found if p != self.me and p not in self.neighbours}
             for peer in missing:
                 # The smaller peer id dials first, so two peers that find each
