@@ -36,31 +36,31 @@ def build_parser() -> Parser:
     join.add_argument("invite", nargs="?", default=None, help="an invite (echo1:...) from the learner's operator")
     add_arguments(join, NodeConfig)
     join.add_argument("-v", "--verbose", action="store_true", help="log each step of the work loop")
-    credits = commands.add_parser(
+    def joining_command(name: str, help_text: str, description: str) -> None:
+        """A command that joins the swarm briefly, with join's settings and --json."""
+        sub = commands.add_parser(name, help=help_text, description=description)
+        sub.add_argument("invite", nargs="?", default=None, help="the invite the node joins with (echo1:...)")
+        add_arguments(sub, NodeConfig)
+        sub.add_argument("--json", action="store_true", help="print JSON")
+        sub.add_argument("-v", "--verbose", action="store_true", help="log details")
+
+    joining_command(
         "credits",
-        help="fetch this node's receipts from the learner and check each signature",
-        description="Join the swarm, find the learner and fetch every receipt it holds "
+        "fetch this node's receipts from the learner and check each signature",
+        "Join the swarm, find the learner and fetch every receipt it holds "
         "for this node's identity (--data-dir), checking the learner's signature on each; "
         "print the credit earned. Takes the same settings as join.",
     )
-    credits.add_argument("invite", nargs="?", default=None, help="the invite the node joined with")
-    add_arguments(credits, NodeConfig)
-    credits.add_argument("--json", action="store_true", help="print JSON")
-    credits.add_argument("-v", "--verbose", action="store_true", help="log details")
-    doctor = commands.add_parser(
+    joining_command(
         "doctor",
-        help="check that this machine can do useful work, and say how to fix what cannot",
-        description="Check, in plain words with a fix for each failure: the installed backends, "
+        "check that this machine can do useful work, and say how to fix what cannot",
+        "Check, in plain words with a fix for each failure: the installed backends, "
         "each bootstrap peer, the job's signed record, the learner (and whether we reach it "
         "directly or through a relay), whether other peers can dial this machine (public or "
-        "behind NAT), a TCP hole punch against a public peer, RAM and disk against the job's "
-        "model, and a short upload estimate. Exits 0 only when this node can do useful work. "
-        "Takes the same settings as join; writes nothing.",
+        "behind NAT), a relay reservation, a TCP hole punch against a public peer, RAM and "
+        "disk against the job's model, and a short upload estimate. Exits 0 only when this "
+        "node can do useful work. Takes the same settings as join; writes nothing.",
     )
-    doctor.add_argument("invite", nargs="?", default=None, help="the invite to check (echo1:...)")
-    add_arguments(doctor, NodeConfig)
-    doctor.add_argument("--json", action="store_true", help="print JSON")
-    doctor.add_argument("-v", "--verbose", action="store_true", help="log details")
     status = commands.add_parser(
         "status",
         help="show what the node running with --data-dir is doing",

@@ -29,7 +29,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import trio
 from libp2p.peer.peerinfo import PeerInfo
 
 from echo_node.config import NodeConfig
