@@ -161,19 +161,6 @@ class RelayClient:
               ttl_s=round(expires - time.time()))
         return Reservation(relay_id, time.time(), expires, addrs)
 
-    async def dial(self, info: PeerInfo) -> bool:
-        """Connect to ``info`` through one of its relayed addresses; whether it worked."""
-        for addr in info.addrs:
-            if "/p2p-circuit" not in str(addr):
-                continue
-            try:
-                with trio.fail_after(self.timeout_s):
-                    await self._transport.dial(addr)
-                return True
-            except Exception as exc:  # relay gone, reservation lapsed, limits hit: next address
-                event(log, logging.DEBUG, "relayed dial failed", addr=addr, error=exc)
-        return False
-
     def _publish_addrs(self) -> None:
         self.advertised[:] = [
             multiaddr.Multiaddr(a) for res in self.reservations.values() for a in res.addrs

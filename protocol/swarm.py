@@ -71,18 +71,6 @@ async def connect_bootstrap(swarm: Swarm, bootstrap: Sequence[str], timeout_s: f
     return connected
 
 
-async def connect(swarm: Swarm, info: PeerInfo) -> None:
-    """Connect to ``info`` directly if any of its addresses answers, else
-    through a relay it advertises (``.../p2p-circuit``); raises what the direct
-    dial raised when neither works. py-libp2p's own dialling skips relayed
-    addresses."""
-    try:
-        await swarm.host.connect(info)
-    except (OSError, SwarmException) as exc:
-        if swarm.relay is None or not await swarm.relay.dial(info):
-            raise exc from None
-
-
 async def ping(host: IHost, info: PeerInfo, timeout_s: float) -> float:
     """One libp2p ping round trip to ``info``, dialling it if no connection is
     held; the round trip in seconds. Raises whatever the dial or the stream
@@ -99,6 +87,35 @@ async def ping(host: IHost, info: PeerInfo, timeout_s: float) -> float:
             return time.perf_counter() - started
         finally:
             await stream.close()
+
+
+async def announce(swarm: Swarm, key: str, timeout_s: float, count: int = 8) -> int:
+    """Become a provider of ``key``: in our own store and on the ``count`` peers of
+    our routing table closest to it (where ``find_providers`` looks); how many
+    of them took it.
+
+    Not py-libp2p's ``provide``: its network walk waits on every peer in the
+    table, and peers behind NAT that cannot be dialled hold it until our
+    deadline cancels it before any record was stored.
+    """
+    dht, host = swarm.dht, swarm.host
+    key_bytes = key.encode()
+    dht.provider_store.add_provider(key_bytes, PeerInfo(host.get_id(), host.get_addrs()))
+    took = 0
+
+    async def tell(peer: ID) -> None:
+        nonlocal took
+        with trio.move_on_after(timeout_s):
+            try:
+                took += bool(await dht.provider_store._send_add_provider(peer, key_bytes))
+            except (SwarmException, OSError, StreamError) as exc:
+                event(log, logging.DEBUG, "provider announcement failed", peer=peer, error=exc)
+
+    async with trio.open_nursery() as nursery:
+        for peer in dht.routing_table.find_local_closest_peers(key_bytes, count):
+            if peer != host.get_id():
+                nursery.start_soon(tell, peer)
+    return took
 
 
 async def find_providers(

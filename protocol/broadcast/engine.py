@@ -47,7 +47,7 @@ from protocol.ids import CHUNK_PROTOCOL, HAVE_PROTOCOL, swarm_key
 from protocol.logs import event
 from protocol.messages import ChunkData, ChunkRequest, ErrorReply, Have, Manifest, ManifestRequest
 from protocol.rpc import RequestFailed, remote_peer, request, serve
-from protocol.swarm import Swarm, connect, find_providers
+from protocol.swarm import Swarm, announce, find_providers
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ class BroadcastEngine:
         try:
             with trio.fail_after(self.config.request_timeout_s):
                 if info.addrs:
-                    await connect(self.swarm, info)
+                    await self.swarm.host.connect(info)
                 stream = await self.swarm.host.new_stream(info.peer_id, [HAVE_PROTOCOL])
         except (trio.TooSlowError, *PEER_ERRORS) as exc:
             self.neighbours.pop(peer, None)
@@ -465,7 +465,6 @@ class BroadcastEngine:
 
     async def _discover_loop(self) -> None:
         assert self._nursery is not None
-        dht = self.swarm.dht
         key = swarm_key(self.job_id)
         provided: set[str] = set()
         interval = self.config.discover_interval_s
@@ -475,10 +474,8 @@ class BroadcastEngine:
             # (Re-)announce whenever our addresses change: a relay reservation
             # gained or lost changes how others can reach us.
             addrs = {str(a) for a in self.swarm.host.get_addrs()}
-            if addrs != provided:
-                with trio.move_on_after(self.config.request_timeout_s):
-                    await dht.provide(key)
-                    provided = addrs
+            if addrs != provided and await announce(self.swarm, key, self.config.request_timeout_s):
+                provided = addrs
             found = await find_providers(self.swarm, key, self.config.request_timeout_s)
             event(log, logging.DEBUG, "swarm peers found", peers={p[-6:]: len(i.addrs) for p, i in found.items()})
             missing = {p for p in found if p != self.me and p not in self.neighbours}
