@@ -149,7 +149,7 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
 
         if reach.status == PRIVATE:
             assert swarm.relay is not None
-            held = [r for r in [await swarm.relay._reserve(info) for info in answering[:2]] if r]
+            held = [r for r in [await swarm.relay.reserve(info) for info in answering[:2]] if r]
             if held:
                 checks.append(Check("relay", OK, "reservation held on relay " + ", ".join(
                     r.relay for r in held) + ": peers behind other routers can reach this node through it"))

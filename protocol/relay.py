@@ -132,11 +132,12 @@ class RelayClient:
             relay_id = info.peer_id.to_base58()
             if relay_id in self.reservations or info.peer_id == self.host.get_id():
                 continue
-            res = await self._reserve(info)
+            res = await self.reserve(info)
             if res is not None:
                 self.reservations[relay_id] = res
 
-    async def _reserve(self, info: PeerInfo) -> Reservation | None:
+    async def reserve(self, info: PeerInfo) -> Reservation | None:
+        """Ask relay ``info`` for a reservation (also used by `echo-node doctor`)."""
         relay_id = info.peer_id.to_base58()
         try:
             with trio.fail_after(self.timeout_s):
