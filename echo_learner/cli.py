@@ -72,6 +72,7 @@ def build_parser() -> Parser:
         "--bootstrap", action="append", default=[], metavar="MULTIADDR",
         help="a bootstrap peer to add to those the learner runs with; repeatable",
     )
+    invite.set_defaults(url=None)  # the running learner's API is found through --data-dir
     for name, help_text in (
         ("status", "show the running learner's job, progress and capacity model"),
         ("peers", "list the nodes the running learner knows"),
@@ -187,7 +188,6 @@ def invite(args: argparse.Namespace) -> None:
     config = LearnerConfig(**{k: v for k, v in settings.items() if k in known and k != "data_dir"})
     addrs = list(args.addr)
     if (args.data_dir / "api.json").exists():
-        args.url = None
         running = api_get(args, "/api/status")["addrs"]
         public = [a for a in running if not a.startswith("/ip4/127.")]
         addrs += public or running

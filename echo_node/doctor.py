@@ -134,10 +134,10 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
         servers = [info.peer_id for info in answering] + [node.learner]
         reach = await check_reachability(host, servers, timeout_s)
         answers = "; ".join(f"{p[-8:]}: {a}" for p, a in reach.answers.items())
+        port = _listen_port(host)
         if reach.status == PUBLIC:
             checks.append(Check("reachable", OK, f"public: other peers can dial this node ({answers})"))
         elif reach.status == PRIVATE:
-            port = _listen_port(host)
             checks.append(Check(
                 "reachable", WARN, f"behind NAT or a firewall: nobody can dial this node ({answers})",
                 "nothing is needed to work; to serve weights to more peers, forward TCP port "
@@ -160,7 +160,6 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
         else:
             checks.append(Check("relay", OK, "not needed: other peers can dial this node"))
 
-        port = _listen_port(host)
         if port:
             try:
                 punch = await try_punch(host, answering[0].peer_id, port, timeout_s)

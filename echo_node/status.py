@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
-
 from libp2p.peer.id import ID
 
 from protocol.files import write_atomic

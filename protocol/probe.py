@@ -66,7 +66,6 @@ class ProbeServer:
     """Serves both probes on ``host``."""
 
     def __init__(self, host: IHost):
-        self.host = host
         self._slots = trio.Semaphore(MAX_PROBES)
         host.set_stream_handler(PUNCH_PROTOCOL, serve(PUNCH_PROTOCOL, self.punch, 2 * PUNCH_TIMEOUT_S))
         host.set_stream_handler(UPLOAD_PROTOCOL, serve(UPLOAD_PROTOCOL, self.upload, 3 * UPLOAD_S))
