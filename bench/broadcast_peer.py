@@ -39,6 +39,9 @@ def main() -> None:
     parser.add_argument("--request-timeout-s", type=float, default=10.0)
     parser.add_argument("--keep", type=int, default=2)
     parser.add_argument("--max-peers", type=int, default=16)
+    parser.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
+    parser.add_argument("--behind-nat", action="store_true",
+                        help="hold a relay reservation on the bootstrap peer (a node nobody can dial)")
     args = parser.parse_args()
 
     from protocol import logs
@@ -50,6 +53,9 @@ def main() -> None:
     from protocol import manifest as manifests
     from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
     from protocol.broadcast.store import VersionStore
+    from libp2p.peer.id import ID
+
+    from protocol.dial import current_route
     from protocol.identity import load_or_create
     from protocol.messages import ChunkRequest
     from protocol.runtime import run_until_signal
@@ -64,7 +70,8 @@ def main() -> None:
     )
 
     async def run() -> None:
-        async with open_swarm(identity, ["/ip4/127.0.0.1/tcp/0"], server=True) as swarm:
+        relays = [args.bootstrap] if args.behind_nat else []
+        async with open_swarm(identity, [args.listen], server=not args.behind_nat, relays=relays) as swarm:
             await connect_bootstrap(swarm, [args.bootstrap], 10)
             store = VersionStore(args.data_dir / "weights", learner_id=learner_id, keep=args.keep)
             engine = BroadcastEngine(
@@ -76,6 +83,9 @@ def main() -> None:
             if args.stall:
                 stall(engine)
             async with trio.open_nursery() as nursery:
+                if args.behind_nat:
+                    await nursery.start(swarm.relay.run)
+                    swarm.relay.want(True)
                 await nursery.start(engine.run)
                 emit(event="ready", peer=me, resumed_chunks=sum(len(h) for h in store.held.values()))
                 nursery.start_soon(report_neighbours, engine)
@@ -125,6 +135,9 @@ def main() -> None:
                     event="complete", version=m.version, t=time.time(), cpu_s=time.process_time(),
                     bytes_from=dict(engine.stats.bytes_from), banned=engine.stats.banned,
                     stalls=dict(engine.stats.stalls),
+                    routes={peer: current_route(engine.swarm.host, ID.from_base58(peer)) or "gone"
+                            for peer in engine.neighbours},
+                    punches=dict(engine.swarm.puncher.counts),
                     disk_bytes=engine.store.disk_bytes(),
                 )
             await engine.wait_progress()

@@ -14,11 +14,12 @@ PEER = Path(__file__).resolve().parent / "broadcast_peer.py"
 
 
 class Peer:
-    def __init__(self, name: str, args: list[str], log_dir: Path):
+    def __init__(self, name: str, args: list[str], log_dir: Path, machine: list[str] = ()):
+        """``machine``: a command prefix that runs it elsewhere (``ip netns exec NS``)."""
         self.name = name
         self.log = open(log_dir / f"{name}.log", "w")
         self.proc = subprocess.Popen(
-            [sys.executable, str(PEER), *args],
+            [*machine, sys.executable, str(PEER), *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
             start_new_session=True,
         )

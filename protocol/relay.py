@@ -162,6 +162,10 @@ class RelayClient:
               ttl_s=round(expires - time.time()))
         return Reservation(relay_id, time.time(), expires, addrs)
 
+    async def dial(self, addr: multiaddr.Multiaddr) -> None:
+        """Open a relayed connection to ``<relay>/p2p-circuit/p2p/<peer>``."""
+        await self._transport.dial(addr)
+
     def _publish_addrs(self) -> None:
         self.advertised[:] = [
             multiaddr.Multiaddr(a) for res in self.reservations.values() for a in res.addrs

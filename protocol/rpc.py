@@ -37,14 +37,20 @@ def remote_peer(stream: INetStream) -> str:
 
 def route(conn: Any) -> str:
     """How a connection (a stream's ``muxed_conn``, or one of the network's)
-    reaches the peer: ``direct``, or ``relayed via <relay peer id>``."""
+    reaches the peer: ``direct``, ``relayed via <relay peer id>``, or just
+    ``relayed`` on the side that was dialled (its transport address names
+    itself where the dialler's names the relay)."""
     try:
         addrs = [str(a) for a in conn.get_transport_addresses()]
     except (AttributeError, NotImplementedError):
         return "direct"
+    muxed = getattr(conn, "muxed_conn", conn)
+    me = getattr(getattr(muxed, "secured_conn", None), "local_peer", None)
     for addr in addrs:
         if "/p2p-circuit" in addr:
             relay = addr.split("/p2p-circuit", 1)[0].rsplit("/p2p/", 1)[-1]
+            if me is not None and relay == me.to_base58():
+                return "relayed"
             return f"relayed via {relay}"
     return "direct"
 

@@ -20,6 +20,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.tools.anyio_service import background_trio_service
 
+from protocol.dial import HolePuncher, dial
 from protocol.host import make_host, parse_multiaddr, parse_peer_addr
 from protocol.identity import Identity
 from protocol.ids import DHT_NAMESPACE
@@ -47,6 +48,18 @@ class Swarm:
     dht: KadDHT
     autonat: AutoNATServer | None = None  # set when this process answers dial-back requests
     relay: RelayClient | None = None  # keeps relay reservations while we are not dialable
+    puncher: HolePuncher | None = None  # upgrades relayed connections (DCUtR)
+
+
+async def reach(swarm: Swarm, info: PeerInfo, timeout_s: float) -> str:
+    """Connect to ``info`` directly, else through a relay and a hole punch
+    (``protocol.dial``); the route it ended on."""
+    relay_dial = swarm.relay.dial if swarm.relay is not None else _no_relay
+    return await dial(swarm.host, info, relay_dial=relay_dial, puncher=swarm.puncher, timeout_s=timeout_s)
+
+
+async def _no_relay(addr: multiaddr.Multiaddr) -> None:
+    raise ConnectionError("this process runs no relay client")
 
 
 async def connect_bootstrap(swarm: Swarm, bootstrap: Sequence[str], timeout_s: float) -> int:
@@ -176,7 +189,8 @@ async def open_swarm(
     ``answer_probes``: also answer other peers' "can you dial me?" requests
     (``protocol.reachability``, from a second, listen-less host) and their
     hole-punch and upload probes (``protocol.probe``).
-    Every swarm accepts relayed connections to itself; ``relay_hop``: also
+    Every swarm accepts relayed connections to itself and answers hole
+    punches over them (``protocol.dial``, use ``reach``); ``relay_hop``: also
     relay for others within ``relay_limits``; ``relays``: relays (multiaddrs)
     on which ``swarm.relay`` may hold reservations (run ``swarm.relay.run``).
     """
@@ -194,6 +208,8 @@ async def open_swarm(
         swarm = Swarm(host, dht)
         circuits = relay_protocol(host, hop=relay_hop, limits=relay_limits)
         await stack.enter_async_context(background_trio_service(circuits))
+        swarm.puncher = HolePuncher(host)
+        await stack.enter_async_context(background_trio_service(swarm.puncher))
         swarm.relay = RelayClient(
             host, circuits, [parse_peer_addr(a) for a in relays], RELAY_TIMEOUT_S, advertised=relayed_addrs
         )

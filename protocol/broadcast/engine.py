@@ -42,12 +42,13 @@ from protocol.broadcast import bitfield
 from protocol.broadcast.scheduler import Download, SchedulerConfig
 from protocol.broadcast.serving import ChunkServer, manifest_digest
 from protocol.broadcast.store import VersionStore
+from protocol.dial import DialFailed
 from protocol.errors import ChunkHashMismatch, ProtocolError
 from protocol.ids import CHUNK_PROTOCOL, HAVE_PROTOCOL, swarm_key
 from protocol.logs import event
 from protocol.messages import ChunkData, ChunkRequest, ErrorReply, Have, Manifest, ManifestRequest
 from protocol.rpc import RequestFailed, remote_peer, request, serve
-from protocol.swarm import Swarm, announce, find_providers
+from protocol.swarm import Swarm, announce, find_providers, reach
 
 log = logging.getLogger(__name__)
 
@@ -230,9 +231,10 @@ class BroadcastEngine:
         try:
             with trio.fail_after(self.config.request_timeout_s):
                 if info.addrs:
-                    await self.swarm.host.connect(info)
+                    how = await reach(self.swarm, info, self.config.request_timeout_s)
+                    event(log, logging.DEBUG, "connected to peer", peer=peer, route=how)
                 stream = await self.swarm.host.new_stream(info.peer_id, [HAVE_PROTOCOL])
-        except (trio.TooSlowError, *PEER_ERRORS) as exc:
+        except (trio.TooSlowError, DialFailed, *PEER_ERRORS) as exc:
             self.neighbours.pop(peer, None)
             event(log, logging.DEBUG, "could not reach peer", peer=peer, error=exc)
             return
