@@ -1,11 +1,12 @@
 """Echo Swarm across real NATs: Linux network namespaces built by the test.
 
 One little internet for the whole module (scripts/netns.py): a public segment
-with the bootstrap peer, the learner and one public node; a home router doing
-MASQUERADE NAT with a node behind it; and a strict router (random port
-mapping, every unsolicited packet dropped) with a node behind it. Every
-process runs on its own namespaced machine, started with the commands a user
-types, and the nodes join with nothing but the learner's invite.
+with the bootstrap peer (which relays), the learner and a spare public machine;
+two home routers doing MASQUERADE NAT and a strict one (random port mapping,
+every unsolicited packet dropped), one node behind each. Every node is behind
+NAT. Every process runs on its own namespaced machine, started with the
+commands a user types, and the nodes join with nothing but the learner's
+invite.
 
 Needs root and ip/iptables/tc (``make test`` installs them when it runs as
 root); otherwise the module is skipped with the reason.
@@ -24,27 +25,28 @@ from netns import Topology, missing_tools
 why_not = missing_tools()
 pytestmark = pytest.mark.skipif(bool(why_not), reason=f"NAT tests: {why_not}")
 
-NODES = {"node0": "public", "node1": "private", "node2": "private"}  # expected reachability
+NODES = (1, 2, 3)  # node1 behind home1, node2 behind the strict home2, node3 behind home3
 
 
 @pytest.fixture(scope="module")
 def natted_swarm(tmp_path_factory):
-    """The topology and a running job: bootstrap, learner, three invited nodes."""
+    """The topology and a running job: bootstrap, learner, three invited nodes behind NAT."""
     root = tmp_path_factory.mktemp("nat")
     with Topology("es-nat") as net, local_swarm(root / "swarm") as swarm:
         net.public("boot", "10.77.0.2")
         net.public("learner", "10.77.0.3")
-        net.public("node0", "10.77.0.4")
+        net.public("pub", "10.77.0.4")
         net.host_in(net.home("home1", "10.77.0.11"), "node1")
         net.host_in(net.home("home2", "10.77.0.12", strict=True), "node2")
-        swarm.machine = {name: net.prefix_argv(name) for name in ("learner", "node0", "node1", "node2")}
+        net.host_in(net.home("home3", "10.77.0.13"), "node3")
+        swarm.machine = {name: net.prefix_argv(name) for name in ("learner", "pub", "node1", "node2", "node3")}
         swarm.machine["bootstrap"] = net.prefix_argv("boot")
         swarm.listen = "/ip4/0.0.0.0/tcp/0"
         swarm.start_bootstrap(listen=swarm.listen)
         swarm.start_learner("--mode", "async", "--steps", "100000", "--keep-versions", "2")
         invite = wait_for_invite(swarm)
-        for i, name in enumerate(NODES):
-            swarm.start_node(i, "--name", name, invite=invite)
+        for i in NODES:
+            swarm.start_node(i, "--name", f"node{i}", invite=invite)
         yield net, swarm, invite
 
 
@@ -87,29 +89,28 @@ def test_nodes_behind_nat_join_with_an_invite_and_know_whether_they_are_reachabl
     assert invite.startswith("echo1:")
 
     def everyone_settled():
-        statuses = [node_status(swarm, i) for i in range(len(NODES))]
+        statuses = [node_status(swarm, i) for i in NODES]
         settled = all(
             s and s["reachability"]["status"] != "unknown" and s["batches_accepted"] >= 1 for s in statuses
         )
         return statuses if settled else None
 
     statuses = wait_until("every node to check its reachability and get a batch accepted", everyone_settled, swarm)
-    for (name, expected), status in zip(NODES.items(), statuses):
-        assert status["reachability"]["status"] == expected, (name, status["reachability"])
+    for status in statuses:
+        assert status["reachability"]["status"] == "private", status["reachability"]
         assert status["job_id"] and status["learner"], status
-    # Behind NAT the bootstrap and the learner both tried to dial back and failed.
-    assert set(statuses[1]["reachability"]["answers"].values()) == {"could not dial us back"}
+        # The bootstrap and the learner both tried to dial back and failed.
+        assert set(status["reachability"]["answers"].values()) == {"could not dial us back"}
 
     # Nodes behind NAT hold a reservation on the bootstrap's relay and
-    # advertise the relayed address; the public node needs none.
+    # advertise the relayed address.
     def relayed():
-        statuses = [node_status(swarm, i) for i in range(len(NODES))]
-        return statuses if all(s["relay_reservations"] for s in statuses[1:]) else None
+        statuses = [node_status(swarm, i) for i in NODES]
+        return statuses if all(s["relay_reservations"] for s in statuses) else None
 
     statuses = wait_until("NATed nodes to hold relay reservations", relayed, swarm, timeout_s=60)
     boot_id = swarm.bootstrap_addr.rsplit("/p2p/", 1)[1]
-    assert statuses[0]["relay_reservations"] == []
-    for status in statuses[1:]:
+    for status in statuses:
         (reservation,) = status["relay_reservations"]
         assert reservation["relay"] == boot_id and reservation["expires_in_s"] > 60
         circuit = f"/p2p/{boot_id}/p2p-circuit/p2p/{status['peer']}"
@@ -119,10 +120,38 @@ def test_nodes_behind_nat_join_with_an_invite_and_know_whether_they_are_reachabl
     done = swarm.run("learner", "echo_learner", "peers", "--json", "--data-dir", str(swarm.root / "learner"))
     assert done.returncode == 0, done.stderr
     peers = {p["name"]: p for p in json.loads(done.stdout)}
-    for name, expected in NODES.items():
-        assert peers[name]["reachability"] == expected, peers[name]
+    for name in (f"node{i}" for i in NODES):
+        assert peers[name]["reachability"] == "private", peers[name]
         assert peers[name]["route"] == "direct"  # every node dials the public learner itself
         assert peers[name]["accepted"] >= 1
+
+
+def test_a_whole_round_runs_with_every_node_behind_nat(natted_swarm):
+    """Weights out through the swarm, rollouts back, signed receipts in, with
+    every node behind NAT; the nodes behind the two MASQUERADE routers reach
+    each other by hole punching, the strict one only through the relay."""
+    net, swarm, invite = natted_swarm
+    before = {i: node_status(swarm, i) for i in NODES}
+
+    def next_round():
+        now = {i: node_status(swarm, i) for i in NODES}
+        done = all(
+            s and s["version"] > before[i]["version"] and s["batches_accepted"] > before[i]["batches_accepted"]
+            for i, s in now.items()
+        )
+        return now if done else None
+
+    wait_until("every node to take a newer version and get another batch accepted", next_round, swarm)
+
+    def neighbours_settled():
+        now = {i: node_status(swarm, i) for i in NODES}
+        ids = {i: s["peer"] for i, s in now.items()}
+        punched = now[1]["neighbours"].get(ids[3]) == "direct" or now[3]["neighbours"].get(ids[1]) == "direct"
+        strict = [now[2]["neighbours"].get(ids[i]) for i in (1, 3)]
+        return now if punched and all(r and r.startswith("relayed") for r in strict) else None
+
+    wait_until("node1 and node3 to hold a hole-punched connection, node2 relayed ones",
+               neighbours_settled, swarm, timeout_s=90)
 
 
 def test_a_tampered_invite_is_refused_before_anything_is_written(natted_swarm, tmp_path):
@@ -148,7 +177,7 @@ def by_name(report: dict) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("machine, reachable, punch", [
-    ("node0", "ok", "ok"),      # public
+    ("pub", "ok", "ok"),        # a public machine
     ("node1", "warn", "ok"),    # behind MASQUERADE: NATed, but hole punching works
     ("node2", "warn", "warn"),  # behind the strict router: only a relay can reach it
 ])
