@@ -137,7 +137,7 @@ def main() -> None:
                     stalls=dict(engine.stats.stalls),
                     routes={peer: current_route(engine.swarm.host, ID.from_base58(peer)) or "gone"
                             for peer in engine.neighbours},
-                    punches=dict(engine.swarm.puncher.counts),
+                    punches=engine.swarm.puncher.outcomes,
                     disk_bytes=engine.store.disk_bytes(),
                 )
             await engine.wait_progress()

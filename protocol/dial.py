@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 DIRECT_TIMEOUT_S = 3.0  # for the direct addresses of a peer that also has relayed ones
 PUNCH_TIMEOUT_S = 6.0  # one DCUtR round; a successful one takes well under a second
+MAX_REMEMBERED = 256  # peers whose last punch outcome is kept (for status and benchmarks)
 
 
 class DialFailed(ConnectionError):
@@ -52,6 +53,7 @@ class HolePuncher(DCUtRProtocol):
     def __init__(self, host: IHost):
         super().__init__(host, read_timeout=int(PUNCH_TIMEOUT_S), dial_timeout=int(PUNCH_TIMEOUT_S))
         self.counts: Counter[str] = Counter()  # "attempts", "direct"
+        self.outcomes: dict[str, bool] = {}  # peer -> did its last punch end direct
 
     async def _auto_drive_loop(self) -> None:
         await trio.sleep_forever()
@@ -67,6 +69,10 @@ class HolePuncher(DCUtRProtocol):
         ok = False
         with trio.move_on_after(timeout_s):
             ok = await self.initiate_hole_punch(peer)
+        self.outcomes.pop(peer.to_base58(), None)
+        self.outcomes[peer.to_base58()] = ok
+        if len(self.outcomes) > MAX_REMEMBERED:
+            del self.outcomes[next(iter(self.outcomes))]
         if ok:
             self.counts["direct"] += 1
             await _close_relayed(self.host, peer)

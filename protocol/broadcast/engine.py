@@ -42,12 +42,12 @@ from protocol.broadcast import bitfield
 from protocol.broadcast.scheduler import Download, SchedulerConfig
 from protocol.broadcast.serving import ChunkServer, manifest_digest
 from protocol.broadcast.store import VersionStore
-from protocol.dial import DialFailed
+from protocol.dial import DialFailed, is_relayed
 from protocol.errors import ChunkHashMismatch, ProtocolError
 from protocol.ids import CHUNK_PROTOCOL, HAVE_PROTOCOL, swarm_key
 from protocol.logs import event
 from protocol.messages import ChunkData, ChunkRequest, ErrorReply, Have, Manifest, ManifestRequest
-from protocol.rpc import RequestFailed, remote_peer, request, serve
+from protocol.rpc import RequestFailed, remote_peer, request, route, serve
 from protocol.swarm import Swarm, announce, find_providers, reach
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,7 @@ class BroadcastEngine:
         # 10 ms once it is spent; a reused one has grown its window.
         self._lanes: dict[str, list[INetStream]] = {}
         self._learning: set[int] = set()
+        self._relayed: set[str] = set()  # neighbours reached only through a relay
         self._local_changed = trio.Event()
         self._wake_downloader = trio.Event()
         self._progress = trio.Event()
@@ -224,7 +225,7 @@ class BroadcastEngine:
         peer = info.peer_id.to_base58()
         if peer == self.me or peer in self.neighbours:
             return
-        if len(self.neighbours) >= self.config.max_peers:
+        if len(self.neighbours) >= self.config.max_peers or self._waits_to_be_dialled(info):
             return
         self.neighbours[peer] = None  # reserve: no second dial while this one runs
         event(log, logging.DEBUG, "dialling peer", peer=peer, addrs=[str(a) for a in info.addrs])
@@ -239,6 +240,17 @@ class BroadcastEngine:
             event(log, logging.DEBUG, "could not reach peer", peer=peer, error=exc)
             return
         await self._run_have_stream(peer, stream)
+
+    def _waits_to_be_dialled(self, info: PeerInfo) -> bool:
+        """Two peers behind NAT that dial each other at once through the relay
+        start two hole punches that collide (each side's SYN leaves from the
+        same port); so between two such peers, only the smaller id dials."""
+        both_natted = (
+            any(is_relayed(a) for a in info.addrs)
+            and self.swarm.relay is not None
+            and bool(self.swarm.relay.advertised)
+        )
+        return both_natted and self.me > info.peer_id.to_base58()
 
     # --- notifications -------------------------------------------------------------
 
@@ -274,6 +286,8 @@ class BroadcastEngine:
         await self._run_have_stream(peer, stream)
 
     async def _run_have_stream(self, peer: str, stream: INetStream) -> None:
+        if route(stream.muxed_conn) != "direct":
+            self._relayed.add(peer)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._have_writer, stream)
@@ -283,6 +297,7 @@ class BroadcastEngine:
             event(log, logging.DEBUG, "have-stream ended", peer=peer, error=group.exceptions[0])
         finally:
             self.neighbours.pop(peer, None)
+            self._relayed.discard(peer)
             for lane in self._lanes.pop(peer, []):
                 await _discard(lane)
             if self.download is not None:
@@ -373,6 +388,7 @@ class BroadcastEngine:
             seed=self.learner_id,
             config=self.config.scheduler,
             rng=self._rng,
+            relayed=self._relayed,
         )
         for peer, have in self.neighbours.items():
             if have is not None:

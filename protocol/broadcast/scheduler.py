@@ -2,8 +2,9 @@
 
 ``Download`` decides, for one process fetching one version, which chunk to
 request from which peer: rarest first (the chunk the fewest peers announce),
-ties broken by a per-process random order so that processes spread out, the
-seed (the learner) only when no other peer has the chunk, at most
+ties broken by a per-process random order so that processes spread out,
+peers reached only through a relay only when no directly connected holder
+is free, the seed (the learner) only when no other peer has the chunk, at most
 ``max_in_flight_per_peer`` requests per peer and ``max_in_flight`` in all.
 
 ``UploadPolicy`` decides which requests a process admits: a bounded queue,
@@ -65,6 +66,9 @@ class Download:
     # How many usable (not banned) peers announce each chunk; kept up to date
     # incrementally so that next_requests stays cheap in large swarms.
     counts: Counter = field(default_factory=Counter)
+    # Peers reached only through a relay: its bandwidth is shared and capped,
+    # so they are asked last (the caller keeps this set up to date).
+    relayed: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         order = list(range(self.n_chunks))
@@ -128,10 +132,12 @@ class Download:
             ]
             if not holders:
                 continue
-            # The least busy holder; the seed only breaks ties last, so that
-            # relays take load first but the seed's upload never idles.
+            # A directly connected holder first, then the least busy; the seed
+            # only breaks ties last, so that other peers take load first but
+            # the seed's upload never idles.
             peer = min(
-                holders, key=lambda p: (usable[p].in_flight, p == self.seed, self.rng.random())
+                holders,
+                key=lambda p: (p in self.relayed, usable[p].in_flight, p == self.seed, self.rng.random()),
             )
             state = usable[peer]
             state.in_flight += 1
