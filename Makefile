@@ -46,9 +46,9 @@ install-browser:
 # internets out of network namespaces. Only as root: without it those tests
 # are skipped, and say why.
 install-net:
-	@if [ "$$(id -u)" = 0 ] && ! command -v iptables >/dev/null; then \
+	@if [ "$$(id -u)" = 0 ] && ! { command -v iptables && command -v miniupnpd; } >/dev/null; then \
 		apt-get update -q && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q iptables iproute2; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q iptables iproute2 miniupnpd-iptables; \
 	fi
 
 demo: install

@@ -61,6 +61,10 @@ class NodeConfig:
         True, "announce and look for peers on the local network (mDNS): on one LAN, no "
         "bootstrap address is needed",
     )
+    upnp: bool = setting(
+        True, "ask the home router to forward this node's port (UPnP-IGD), so that other "
+        "peers can dial it directly",
+    )
     lan_wait_s: float = setting(
         20.0, "with no bootstrap peer, how long to look for a learner on the LAN before giving up", lo=1
     )

@@ -9,6 +9,7 @@ is ok, what to do about it. In order:
   job         the job's record is in the DHT and its learner signature is valid
   learner     the learner answers, and how we reach it (direct or relayed)
   reachable   whether other peers can dial us (AutoNAT dial-backs)
+  upnp        whether the home router forwards our port (UPnP-IGD)
   relay       behind NAT: a relay reservation on a bootstrap peer is granted
   hole punch  a TCP hole punch against a public peer (protocol.probe)
   memory      RAM the job's model needs against RAM available
@@ -36,6 +37,7 @@ from protocol.host import parse_peer_addr
 from protocol.identity import Identity, load
 from protocol.probe import measure_upload, try_punch
 from protocol.reachability import PRIVATE, PUBLIC, check_reachability
+from protocol.upnp import PortMapper
 from protocol.rpc import route
 from protocol.swarm import open_swarm, ping
 
@@ -85,11 +87,24 @@ def check_backends() -> Check:
     return Check("backends", OK, ", ".join(found))
 
 
+def check_upnp(mapper: PortMapper | None, public: bool, port: int | None) -> Check:
+    if mapper is None:
+        return Check("upnp", OK, "off (--no-upnp)")
+    if mapper.mapped:
+        ports = ", ".join(map(str, mapper.mapped))
+        return Check("upnp", OK, f"your router forwards TCP port {ports} to this machine "
+                     f"(UPnP; its WAN address is {mapper.external_ip or 'unknown'})")
+    if public:
+        return Check("upnp", OK, f"not needed: other peers can dial this node ({mapper.state})")
+    return Check("upnp", WARN, mapper.state, "turn on UPnP in your router's settings, or forward "
+                 f"TCP port {port} to this machine by hand (and listen on a fixed port with --listen)")
+
+
 async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s: float) -> list[Check]:
     """Run every check; never raises for what it finds."""
     checks = [check_backends()]
     identity = load(config.identity_path) if config.identity_path.exists() else Identity.generate()
-    async with open_swarm(identity, config.listen, server=True, relays=config.bootstrap) as swarm:
+    async with open_swarm(identity, config.listen, server=True, relays=config.bootstrap, upnp=config.upnp) as swarm:
         host = swarm.host
         answering = []
         for addr in config.bootstrap:
@@ -146,6 +161,8 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
         else:
             checks.append(Check("reachable", WARN, f"unknown: no dial-back answered ({answers})",
                                 "try again; the bootstrap peers may be busy"))
+
+        checks.append(check_upnp(swarm.upnp, reach.status == PUBLIC, port))
 
         if reach.status == PRIVATE:
             assert swarm.relay is not None

@@ -61,7 +61,7 @@ from protocol.messages import (
 from protocol.reachability import PRIVATE, Reachability, check_reachability
 from protocol.records import InvalidRecord, decode_record
 from protocol.rpc import RequestFailed, request
-from protocol.swarm import Swarm, connect_bootstrap, find_providers, open_swarm
+from protocol.swarm import Swarm, advertise_dialled, connect_bootstrap, find_providers, open_swarm
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,8 @@ class Node:
         # DHT server mode: py-libp2p 0.8.1 adds every peer that queries it to
         # its routing table and then fails to query client-mode peers back.
         async with (
-            open_swarm(self.identity, cfg.listen, server=True, relay_hop=cfg.relay, relays=cfg.bootstrap) as swarm,
+            open_swarm(self.identity, cfg.listen, server=True, relay_hop=cfg.relay, relays=cfg.bootstrap,
+                       upnp=cfg.upnp) as swarm,
             trio.open_nursery() as nursery,
         ):
             self.swarm = swarm
@@ -131,6 +132,7 @@ class Node:
             if found.status != self.reachability.status:
                 event(log, logging.WARNING, f"reachability: {found.describe()}", answers=found.answers)
             self.reachability = found
+            advertise_dialled(self.swarm, found)
             # Behind NAT, a relay reservation makes us reachable to other peers.
             assert self.swarm.relay is not None
             self.swarm.relay.want(found.status == PRIVATE)

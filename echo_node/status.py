@@ -39,6 +39,7 @@ def snapshot(node: Node) -> dict[str, Any]:
         "dtype": node.backend.dtype if node.backend else "",
         "reachability": node.reachability.to_json(),
         "relay_reservations": node.swarm.relay.to_json() if node.swarm and node.swarm.relay else [],
+        "upnp": node.swarm.upnp.to_json() if node.swarm and node.swarm.upnp else {"state": "off"},
         "addrs": full_addrs(node.swarm.host) if node.swarm else [],
         "neighbours": _neighbours(node),
         "chunks_from": dict(node.engine.stats.chunks_from) if node.engine else {},
@@ -113,6 +114,7 @@ def describe(data: dict[str, Any]) -> str:
         f"job        {data['job_id'] or '-'} (learner {data['learner'] or 'not found yet'})\n"
         f"weights    version {data['version']} ({data['backend']} {data['dtype']})\n"
         f"reachable  {status}{answers}{relays}\n"
+        f"upnp       {data['upnp']['state']}\n"
         f"swarm      {len(data['neighbours'])} neighbours "
         f"({sum(r.startswith('relayed') for r in data['neighbours'].values())} through a relay); "
         f"addresses {', '.join(data['addrs'])}\n"

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import multiaddr
 from libp2p import create_yamux_muxer_option, new_host
@@ -55,11 +55,14 @@ def check_addrs(listen: Sequence[str], bootstrap: Sequence[str]) -> None:
 
 
 def make_host(
-    identity: Identity, listen: Sequence[str], extra_addrs: list[multiaddr.Multiaddr] | None = None
+    identity: Identity,
+    listen: Sequence[str],
+    extra_addrs: Callable[[], list[multiaddr.Multiaddr]] | None = None,
 ) -> IHost:
     """A host with our security settings. It advertises its listen addresses
-    (wildcards expanded) plus ``extra_addrs``, a list the caller may change
-    later (relayed addresses come and go with reservations)."""
+    (wildcards expanded) plus what ``extra_addrs()`` returns at the time
+    (relayed addresses come and go with reservations, a port mapping's
+    public address once a dial-back confirmed it)."""
     key_pair = identity.key_pair
     addrs = [parse_multiaddr(a) for a in listen]
     noise = NoiseTransport(key_pair, noise_privkey=new_x25519_key_pair().private_key)
@@ -80,7 +83,7 @@ def make_host(
         # its first /p2p/, which would turn a relayed one into the relay's own.
         listen_addrs = host.get_addrs
         me = multiaddr.Multiaddr(f"/p2p/{identity.peer_id_str}")
-        host.get_addrs = lambda: [*listen_addrs(), *(a.encapsulate(me) for a in extra_addrs)]  # type: ignore[method-assign]
+        host.get_addrs = lambda: [*listen_addrs(), *(a.encapsulate(me) for a in extra_addrs())]  # type: ignore[method-assign]
     return host
 
 

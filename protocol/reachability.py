@@ -121,9 +121,11 @@ class Reachability:
     status: str = UNKNOWN
     answers: dict[str, str] = field(default_factory=dict)  # server peer id -> answer in words
     checked_unix: float | None = None
+    dialled: list[str] = field(default_factory=list)  # addresses a server reached us at
 
     def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "answers": self.answers, "checked_unix": self.checked_unix}
+        return {"status": self.status, "answers": self.answers, "checked_unix": self.checked_unix,
+                "dialled": self.dialled}
 
     def describe(self) -> str:
         return {PUBLIC: "public (dialable from the internet)", PRIVATE: "behind NAT or a firewall",
@@ -139,11 +141,18 @@ async def check_reachability(host: IHost, servers: Sequence[ID], timeout_s: floa
 
     async def ask(server: ID) -> None:
         try:
-            status, _ = await client.query_server(server, addrs, timeout=timeout_s)
+            status, reached = await client.query_server(server, addrs, timeout=timeout_s)
         except Exception as exc:  # no answer at all: dial, stream or protocol failure
             result.answers[server.to_base58()] = f"no answer ({type(exc).__name__})"
             return
         statuses.append(status)
+        if status == int(Message.OK) and reached:
+            try:
+                text = str(multiaddr.Multiaddr(reached))
+            except Exception:  # a malformed address from the server: keep the verdict only
+                text = ""
+            if text and text not in result.dialled:
+                result.dialled.append(text)
         result.answers[server.to_base58()] = _ANSWERS.get(status, f"status {status}")
 
     if addrs:

@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import multiaddr
 import trio
@@ -26,9 +26,10 @@ from protocol.identity import Identity
 from protocol.ids import DHT_NAMESPACE
 from protocol.logs import event
 from protocol.probe import ProbeServer
-from protocol.reachability import AutoNATServer
+from protocol.reachability import PUBLIC, AutoNATServer, Reachability
 from protocol.records import ManifestRecordValidator
 from protocol.relay import RelayClient, RelayLimits, relay_protocol
+from protocol.upnp import PortMapper, mappable_ports
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,10 @@ class Swarm:
     autonat: AutoNATServer | None = None  # set when this process answers dial-back requests
     relay: RelayClient | None = None  # keeps relay reservations while we are not dialable
     puncher: HolePuncher | None = None  # upgrades relayed connections (DCUtR)
+    upnp: PortMapper | None = None  # keeps our port forwarded on the LAN's gateway
+    # Our public addresses that a dial-back confirmed but that we do not listen
+    # on ourselves (a forwarded port on the router's address); advertised.
+    public_addrs: list[multiaddr.Multiaddr] = field(default_factory=list)
 
 
 async def reach(swarm: Swarm, info: PeerInfo, timeout_s: float) -> str:
@@ -56,6 +61,15 @@ async def reach(swarm: Swarm, info: PeerInfo, timeout_s: float) -> str:
     (``protocol.dial``); the route it ended on."""
     relay_dial = swarm.relay.dial if swarm.relay is not None else _no_relay
     return await dial(swarm.host, info, relay_dial=relay_dial, puncher=swarm.puncher, timeout_s=timeout_s)
+
+
+def advertise_dialled(swarm: Swarm, found: Reachability) -> None:
+    """Advertise the addresses a dial-back reached us at that we do not listen
+    on ourselves (a port forwarded by the router, by UPnP or by hand); drop
+    them once we are no longer public."""
+    own = {str(a).split("/p2p/", 1)[0] for a in swarm.host.get_addrs()} - {str(a) for a in swarm.public_addrs}
+    wanted = [a for a in found.dialled if a not in own] if found.status == PUBLIC else []
+    swarm.public_addrs[:] = [multiaddr.Multiaddr(a) for a in wanted]
 
 
 async def _no_relay(addr: multiaddr.Multiaddr) -> None:
@@ -181,6 +195,7 @@ async def open_swarm(
     relay_hop: bool = False,
     relay_limits: RelayLimits = RelayLimits(),
     relays: Sequence[str] = (),
+    upnp: bool = False,
 ) -> AsyncIterator[Swarm]:
     """Run a host and its DHT until the block exits.
 
@@ -193,19 +208,28 @@ async def open_swarm(
     punches over them (``protocol.dial``, use ``reach``); ``relay_hop``: also
     relay for others within ``relay_limits``; ``relays``: relays (multiaddrs)
     on which ``swarm.relay`` may hold reservations (run ``swarm.relay.run``).
+    ``upnp``: ask the LAN's gateway to forward our listen port (``swarm.upnp``)
+    before the block starts, and keep it forwarded until it ends.
     """
     for addr in listen:
         parse_multiaddr(addr)
     relayed_addrs: list[multiaddr.Multiaddr] = []
-    host = make_host(identity, listen, relayed_addrs)
+    public_addrs: list[multiaddr.Multiaddr] = []
+    host = make_host(identity, listen, lambda: [*public_addrs, *relayed_addrs])
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(host.run([parse_multiaddr(a) for a in listen]))
+        background = await stack.enter_async_context(trio.open_nursery())
+        # On exit, stop what runs there (the nursery would otherwise wait for it).
+        stack.callback(background.cancel_scope.cancel)
         # strict: records under namespaces nobody registered a validator for
         # are refused, not stored (anyone could otherwise fill our memory).
         dht = KadDHT(host, DHTMode.SERVER if server else DHTMode.CLIENT, strict_validation=True)
         dht.register_validator(DHT_NAMESPACE, ManifestRecordValidator())
         await stack.enter_async_context(background_trio_service(dht))
-        swarm = Swarm(host, dht)
+        swarm = Swarm(host, dht, public_addrs=public_addrs)
+        if upnp:
+            swarm.upnp = PortMapper(mappable_ports([str(a) for a in host.get_addrs()]))
+            await background.start(swarm.upnp.run)
         circuits = relay_protocol(host, hop=relay_hop, limits=relay_limits)
         await stack.enter_async_context(background_trio_service(circuits))
         swarm.puncher = HolePuncher(host)

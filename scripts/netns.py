@@ -15,11 +15,13 @@ its machines route through it. Routers behave like consumer ones:
   packets dropped silently, which is what lets a TCP hole punch through;
 - ``strict=True``: MASQUERADE ``--random-fully`` (every mapping gets a random
   port, so a peer cannot predict it) and every unsolicited inbound packet
-  dropped: hole punching must fail there, only a relay can carry traffic.
+  dropped: hole punching must fail there, only a relay can carry traffic;
+- ``upnp=True``: also runs miniupnpd (a real UPnP-IGD daemon, Debian's
+  ``miniupnpd-iptables``) that forwards ports on request from its LAN.
 
 Everything is created under names starting with the topology's prefix and
 removed on exit (deleting a namespace deletes its interfaces). Needs root and
-the ``ip``, ``iptables`` and ``tc`` commands; ``missing_tools()`` says what is
+the ``ip``, ``iptables`` and ``tc`` commands (``miniupnpd`` for UPnP homes); ``missing_tools()`` says what is
 absent. Only the topology's own addresses are ever used.
 """
 
@@ -28,18 +30,21 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 PUBLIC_NET = "10.77.0"
+UPNP_PLACEHOLDER_IP = "44.0.0.1"  # see Topology._run_upnp
 
 
-def missing_tools() -> str:
-    """Why these topologies cannot be built here ('' when they can)."""
+def missing_tools(*extra: str) -> str:
+    """Why these topologies (with the ``extra`` commands) cannot be built here ('' when they can)."""
     if os.geteuid() != 0:
         return "needs root (network namespaces, iptables)"
-    absent = [tool for tool in ("ip", "iptables", "tc") if shutil.which(tool) is None]
+    absent = [tool for tool in ("ip", "iptables", "tc", *extra) if shutil.which(tool) is None]
     if absent:
-        return f"needs the commands {', '.join(absent)} (Debian: iproute2, iptables)"
+        return f"needs the commands {', '.join(absent)} (Debian: iproute2, iptables, miniupnpd-iptables)"
     return ""
 
 
@@ -62,6 +67,7 @@ class Home:
     lan: str  # e.g. "192.168.1" (a /24)
     strict: bool
     hosts: int = 0
+    upnp: bool = False
 
 
 @dataclass
@@ -70,6 +76,7 @@ class Topology:
     machines: dict[str, Machine] = field(default_factory=dict)
     homes: dict[str, Home] = field(default_factory=dict)
     _namespaces: list[str] = field(default_factory=list)
+    _daemons: list[tuple[subprocess.Popen, Path]] = field(default_factory=list)  # and its config dir
 
     @property
     def hub(self) -> str:
@@ -86,6 +93,11 @@ class Topology:
         self.close()
 
     def close(self) -> None:
+        for daemon, config_dir in self._daemons:
+            daemon.terminate()
+            daemon.wait()
+            shutil.rmtree(config_dir, ignore_errors=True)
+        self._daemons.clear()
         existing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         for line in existing.splitlines():
             name = line.split()[0] if line.strip() else ""
@@ -121,7 +133,7 @@ class Topology:
         machine = self.machines[name] = Machine(name, ns, ip)
         return machine
 
-    def home(self, name: str, wan_ip: str, *, strict: bool = False) -> Home:
+    def home(self, name: str, wan_ip: str, *, strict: bool = False, upnp: bool = False) -> Home:
         """A home router: WAN on the public segment, its own LAN, NAT between."""
         ns = f"{self.prefix}-{name}"
         self._ns(ns)
@@ -138,8 +150,44 @@ class Topology:
         for chain in ("INPUT", "FORWARD"):
             self._in(ns, "iptables", "-A", chain, "-i", "wan", "-m", "conntrack",
                      "--ctstate", "NEW,INVALID", "-j", "DROP")
-        home = self.homes[name] = Home(name, ns, wan_ip, lan, strict)
+        home = self.homes[name] = Home(name, ns, wan_ip, lan, strict, upnp=upnp)
+        if upnp:
+            self._run_upnp(home)
         return home
+
+    def _run_upnp(self, home: Home) -> None:
+        """miniupnpd on ``home``'s router, forwarding ports its LAN asks for."""
+        # miniupnpd-iptables writes its rules with the legacy iptables
+        # interface into chains it expects to exist; port forwards must pass
+        # the router's "drop unsolicited packets" rule.
+        for argv in (
+            ["iptables-legacy", "-t", "nat", "-N", "MINIUPNPD"],
+            ["iptables-legacy", "-t", "nat", "-A", "PREROUTING", "-i", "wan", "-j", "MINIUPNPD"],
+            ["iptables-legacy", "-t", "nat", "-N", "MINIUPNPD-POSTROUTING"],
+            ["iptables-legacy", "-t", "nat", "-A", "POSTROUTING", "-o", "wan", "-j", "MINIUPNPD-POSTROUTING"],
+            ["iptables-legacy", "-N", "MINIUPNPD"],
+            ["iptables-legacy", "-A", "FORWARD", "-i", "wan", "-j", "MINIUPNPD"],
+            ["iptables", "-I", "FORWARD", "1", "-i", "wan", "-m", "conntrack", "--ctstate", "DNAT",
+             "-j", "ACCEPT"],
+        ):
+            self._in(home.ns, *argv)
+        conf = Path(tempfile.mkdtemp(prefix=f"{home.ns}-")) / "miniupnpd.conf"
+        # miniupnpd refuses to forward when its WAN address is private (it
+        # assumes carrier-grade NAT beyond), and ours are: ext_ip declares a
+        # placeholder public address instead. It is only the text the router
+        # reports; no packet is ever sent to it (peers confirm the address
+        # that works by dialling back the one they see).
+        conf.write_text(
+            "ext_ifname=wan\nlistening_ip=lan\nport=0\nenable_upnp=yes\nenable_natpmp=no\n"
+            f"ext_ip={UPNP_PLACEHOLDER_IP}\nsecure_mode=yes\nsystem_uptime=yes\n"
+            "uuid=3d3cec3a-8cf0-11e0-98ee-001a6bd2d07b\n"
+            f"allow 1024-65535 {home.lan}.0/24 1024-65535\ndeny 0-65535 0.0.0.0/0 0-65535\n"
+        )
+        daemon = subprocess.Popen(
+            ["ip", "netns", "exec", home.ns, "miniupnpd", "-d", "-f", str(conf)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        self._daemons.append((daemon, conf.parent))
 
     def host_in(self, home: Home, name: str) -> Machine:
         """A machine on ``home``'s LAN, routed through its router."""

@@ -22,7 +22,7 @@ import pytest
 from localswarm import local_swarm
 from netns import Topology, missing_tools
 
-why_not = missing_tools()
+why_not = missing_tools("miniupnpd", "iptables-legacy")
 pytestmark = pytest.mark.skipif(bool(why_not), reason=f"NAT tests: {why_not}")
 
 NODES = (1, 2, 3)  # node1 behind home1, node2 behind the strict home2, node3 behind home3
@@ -39,7 +39,9 @@ def natted_swarm(tmp_path_factory):
         net.host_in(net.home("home1", "10.77.0.11"), "node1")
         net.host_in(net.home("home2", "10.77.0.12", strict=True), "node2")
         net.host_in(net.home("home3", "10.77.0.13"), "node3")
-        swarm.machine = {name: net.prefix_argv(name) for name in ("learner", "pub", "node1", "node2", "node3")}
+        net.host_in(net.home("home4", "10.77.0.14", upnp=True), "upnp1")  # for the doctor only
+        machines = ("learner", "pub", "node1", "node2", "node3", "upnp1")
+        swarm.machine = {name: net.prefix_argv(name) for name in machines}
         swarm.machine["bootstrap"] = net.prefix_argv("boot")
         swarm.listen = "/ip4/0.0.0.0/tcp/0"
         swarm.start_bootstrap(listen=swarm.listen)
@@ -176,12 +178,13 @@ def by_name(report: dict) -> dict[str, dict]:
     return {c["name"]: c for c in report["checks"]}
 
 
-@pytest.mark.parametrize("machine, reachable, punch", [
-    ("pub", "ok", "ok"),        # a public machine
-    ("node1", "warn", "ok"),    # behind MASQUERADE: NATed, but hole punching works
-    ("node2", "warn", "warn"),  # behind the strict router: only a relay can reach it
+@pytest.mark.parametrize("machine, reachable, punch, upnp", [
+    ("pub", "ok", "ok", "not needed"),                 # a public machine
+    ("node1", "warn", "ok", "no UPnP gateway"),         # behind MASQUERADE: NATed, hole punching works
+    ("node2", "warn", "warn", "no UPnP gateway"),       # behind the strict router: only a relay reaches it
+    ("upnp1", "ok", "ok", "your router forwards TCP"),  # behind a router that forwards on request
 ])
-def test_doctor_tells_the_situations_apart(natted_swarm, tmp_path, machine, reachable, punch):
+def test_doctor_tells_the_situations_apart(natted_swarm, tmp_path, machine, reachable, punch, upnp):
     net, swarm, invite = natted_swarm
     code, report = doctor(swarm, machine, tmp_path, invite)
     checks = by_name(report)
@@ -192,6 +195,8 @@ def test_doctor_tells_the_situations_apart(natted_swarm, tmp_path, machine, reac
     assert "direct connection" in checks["learner"]["detail"]
     assert checks["reachable"]["status"] == reachable, checks["reachable"]
     assert checks["hole punch"]["status"] == punch, checks["hole punch"]
+    assert upnp in checks["upnp"]["detail"], checks["upnp"]
+    assert checks["upnp"]["status"] == ("warn" if upnp == "no UPnP gateway" else "ok")
     if reachable == "warn":
         assert "behind NAT" in checks["reachable"]["detail"] and checks["reachable"]["fix"]
     assert not (tmp_path / f"doctor-{machine}").exists()  # the doctor writes nothing
