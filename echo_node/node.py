@@ -37,6 +37,7 @@ from protocol.identity import Identity, verify
 from protocol.ids import (
     JOB_DIRECTORY_KEY,
     RECEIPTS_PROTOCOL,
+    RELAY_DIRECTORY_KEY,
     ROLLOUT_PROTOCOL,
     WORK_PROTOCOL,
     manifest_key,
@@ -58,10 +59,17 @@ from protocol.messages import (
     WorkAssignment,
     WorkRequest,
 )
-from protocol.reachability import PRIVATE, Reachability, check_reachability
+from protocol.reachability import PRIVATE, PUBLIC, Reachability, check_reachability
 from protocol.records import InvalidRecord, decode_record
 from protocol.rpc import RequestFailed, request
-from protocol.swarm import Swarm, advertise_dialled, connect_bootstrap, find_providers, open_swarm
+from protocol.swarm import (
+    Swarm,
+    advertise_dialled,
+    announce,
+    connect_bootstrap,
+    find_providers,
+    open_swarm,
+)
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +141,12 @@ class Node:
                 event(log, logging.WARNING, f"reachability: {found.describe()}", answers=found.answers)
             self.reachability = found
             advertise_dialled(self.swarm, found)
-            # Behind NAT, a relay reservation makes us reachable to other peers.
+            # Behind NAT, a relay reservation makes us reachable to other
+            # peers; a public node that relays tells them where it is.
             assert self.swarm.relay is not None
             self.swarm.relay.want(found.status == PRIVATE)
+            if found.status == PUBLIC and self.config.relay:
+                await announce(self.swarm, RELAY_DIRECTORY_KEY, self.config.request_timeout_s)
             await trio.sleep(self.config.reachability_every_s)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:

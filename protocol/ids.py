@@ -21,6 +21,11 @@ DHT_NAMESPACE = "echo-swarm"
 # find a job without knowing any learner's address.
 JOB_DIRECTORY_KEY = "echo-swarm/jobs/v1"
 
+# Public peers that relay for others (`echo-node join --relay`) announce
+# themselves under this key; nodes behind NAT look here for relays beyond
+# the bootstrap peers.
+RELAY_DIRECTORY_KEY = "echo-swarm/relays/v1"
+
 
 def manifest_key(learner_id: str) -> str:
     """The DHT key of a learner's newest signed manifest."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,13 +85,15 @@ class Reservation:
 
 @dataclass
 class RelayClient:
-    """Holds reservations on up to ``max_relays`` of ``relays`` while ``wanted``."""
+    """Holds reservations on up to ``max_relays`` of ``relays`` while ``wanted``;
+    when those are not enough, asks ``find_more`` (a DHT lookup) for others."""
 
     host: IHost
     protocol: CircuitV2Protocol
     relays: list[PeerInfo]
     timeout_s: float
     max_relays: int = 2
+    find_more: Callable[[], Awaitable[list[PeerInfo]]] | None = None
     advertised: list[multiaddr.Multiaddr] = field(default_factory=list)  # read by the host's address list
     reservations: dict[str, Reservation] = field(default_factory=dict)
     wanted: bool = False
@@ -99,6 +102,16 @@ class RelayClient:
     def __post_init__(self) -> None:
         config = RelayConfig(roles=RelayRole.STOP | RelayRole.CLIENT)
         self._transport = CircuitV2Transport(self.host, self.protocol, config)
+
+    def add_relays(self, found: list[PeerInfo], limit: int = 16) -> None:
+        """More relays to try (found in the DHT), after the ones we know; at most ``limit`` in all."""
+        known = {info.peer_id for info in self.relays} | {self.host.get_id()}
+        for info in found:
+            if len(self.relays) >= limit:
+                return
+            if info.peer_id not in known and info.addrs:
+                self.relays.append(info)
+                known.add(info.peer_id)
 
     def want(self, wanted: bool) -> None:
         """Hold reservations (the node is not publicly reachable) or drop them."""
@@ -126,7 +139,14 @@ class RelayClient:
         for relay_id, res in list(self.reservations.items()):
             if now >= res.renew_unix:
                 del self.reservations[relay_id]  # renewed below, or dropped if it fails
-        for info in self.relays:
+        await self._reserve_on(self.relays)
+        if len(self.reservations) < self.max_relays and self.find_more is not None:
+            known = len(self.relays)
+            self.add_relays(await self.find_more())
+            await self._reserve_on(self.relays[known:])
+
+    async def _reserve_on(self, relays: list[PeerInfo]) -> None:
+        for info in relays:
             if len(self.reservations) >= self.max_relays:
                 return
             relay_id = info.peer_id.to_base58()

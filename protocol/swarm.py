@@ -23,7 +23,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from protocol.dial import HolePuncher, dial
 from protocol.host import make_host, parse_multiaddr, parse_peer_addr
 from protocol.identity import Identity
-from protocol.ids import DHT_NAMESPACE
+from protocol.ids import DHT_NAMESPACE, RELAY_DIRECTORY_KEY
 from protocol.logs import event
 from protocol.probe import ProbeServer
 from protocol.reachability import PUBLIC, AutoNATServer, Reachability
@@ -234,8 +234,13 @@ async def open_swarm(
         await stack.enter_async_context(background_trio_service(circuits))
         swarm.puncher = HolePuncher(host)
         await stack.enter_async_context(background_trio_service(swarm.puncher))
+
+        async def find_relays() -> list[PeerInfo]:
+            return list((await find_providers(swarm, RELAY_DIRECTORY_KEY, RELAY_TIMEOUT_S)).values())
+
         swarm.relay = RelayClient(
-            host, circuits, [parse_peer_addr(a) for a in relays], RELAY_TIMEOUT_S, advertised=relayed_addrs
+            host, circuits, [parse_peer_addr(a) for a in relays], RELAY_TIMEOUT_S,
+            find_more=find_relays, advertised=relayed_addrs,
         )
         if answer_probes:
             dialer = make_host(Identity.generate(), [])

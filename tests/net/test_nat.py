@@ -1,7 +1,8 @@
 """Echo Swarm across real NATs: Linux network namespaces built by the test.
 
 One little internet for the whole module (scripts/netns.py): a public segment
-with the bootstrap peer (which relays), the learner and a spare public machine;
+with the bootstrap peer (which relays), the learner and a public node that
+relays too (``--relay``, found by the others in the DHT);
 two home routers doing MASQUERADE NAT and a strict one (random port mapping,
 every unsolicited packet dropped), one node behind each. Every node is behind
 NAT. Every process runs on its own namespaced machine, started with the
@@ -42,11 +43,13 @@ def natted_swarm(tmp_path_factory):
         net.host_in(net.home("home4", "10.77.0.14", upnp=True), "upnp1")  # for the doctor only
         machines = ("learner", "pub", "node1", "node2", "node3", "upnp1")
         swarm.machine = {name: net.prefix_argv(name) for name in machines}
+        swarm.machine["node0"] = net.prefix_argv("pub")
         swarm.machine["bootstrap"] = net.prefix_argv("boot")
         swarm.listen = "/ip4/0.0.0.0/tcp/0"
         swarm.start_bootstrap(listen=swarm.listen)
         swarm.start_learner("--mode", "async", "--steps", "100000", "--keep-versions", "2")
         invite = wait_for_invite(swarm)
+        swarm.start_node(0, "--name", "relay0", "--relay", invite=invite)
         for i in NODES:
             swarm.start_node(i, "--name", f"node{i}", invite=invite)
         yield net, swarm, invite
@@ -91,32 +94,39 @@ def test_nodes_behind_nat_join_with_an_invite_and_know_whether_they_are_reachabl
     assert invite.startswith("echo1:")
 
     def everyone_settled():
-        statuses = [node_status(swarm, i) for i in NODES]
+        statuses = [node_status(swarm, i) for i in (0, *NODES)]
         settled = all(
             s and s["reachability"]["status"] != "unknown" and s["batches_accepted"] >= 1 for s in statuses
         )
         return statuses if settled else None
 
-    statuses = wait_until("every node to check its reachability and get a batch accepted", everyone_settled, swarm)
+    relay0, *statuses = wait_until("every node to check its reachability and get a batch accepted",
+                                   everyone_settled, swarm)
     for status in statuses:
         assert status["reachability"]["status"] == "private", status["reachability"]
         assert status["job_id"] and status["learner"], status
         # The bootstrap and the learner both tried to dial back and failed.
         assert set(status["reachability"]["answers"].values()) == {"could not dial us back"}
 
-    # Nodes behind NAT hold a reservation on the bootstrap's relay and
-    # advertise the relayed address.
+    # Nodes behind NAT hold reservations on two relays, the bootstrap peer and
+    # the public node that relays (found in the DHT), and advertise the
+    # relayed addresses.
+    boot_id = swarm.bootstrap_addr.rsplit("/p2p/", 1)[1]
+    assert relay0["reachability"]["status"] == "public" and relay0["relay_reservations"] == []
+    relays = {boot_id: "/ip4/10.77.0.2/", relay0["peer"]: "/ip4/10.77.0.4/"}
+
     def relayed():
         statuses = [node_status(swarm, i) for i in NODES]
-        return statuses if all(s["relay_reservations"] for s in statuses) else None
+        held = all({r["relay"] for r in s["relay_reservations"]} == set(relays) for s in statuses)
+        return statuses if held else None
 
-    statuses = wait_until("NATed nodes to hold relay reservations", relayed, swarm, timeout_s=60)
-    boot_id = swarm.bootstrap_addr.rsplit("/p2p/", 1)[1]
+    statuses = wait_until("NATed nodes to hold reservations on both relays", relayed, swarm, timeout_s=120)
     for status in statuses:
-        (reservation,) = status["relay_reservations"]
-        assert reservation["relay"] == boot_id and reservation["expires_in_s"] > 60
-        circuit = f"/p2p/{boot_id}/p2p-circuit/p2p/{status['peer']}"
-        assert any(a.endswith(circuit) and a.startswith("/ip4/10.77.0.2/") for a in status["addrs"]), status["addrs"]
+        for reservation in status["relay_reservations"]:
+            assert reservation["expires_in_s"] > 60
+            circuit = f"/p2p/{reservation['relay']}/p2p-circuit/p2p/{status['peer']}"
+            prefix = relays[reservation["relay"]]
+            assert any(a.endswith(circuit) and a.startswith(prefix) for a in status["addrs"]), status["addrs"]
 
     # The learner's operator sees the same in `echo-learner peers`.
     done = swarm.run("learner", "echo_learner", "peers", "--json", "--data-dir", str(swarm.root / "learner"))
