@@ -23,7 +23,7 @@ and its second try of the direct addresses.
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import multiaddr
@@ -48,11 +48,10 @@ class DialFailed(ConnectionError):
 
 
 class HolePuncher(DCUtRProtocol):
-    """py-libp2p's DCUtR, driven by ``dial`` only, with success counts."""
+    """py-libp2p's DCUtR, driven by ``dial`` only; remembers how each punch ended."""
 
     def __init__(self, host: IHost):
         super().__init__(host, read_timeout=int(PUNCH_TIMEOUT_S), dial_timeout=int(PUNCH_TIMEOUT_S))
-        self.counts: Counter[str] = Counter()  # "attempts", "direct"
         self.outcomes: dict[str, bool] = {}  # peer -> did its last punch end direct
 
     async def _auto_drive_loop(self) -> None:
@@ -65,7 +64,6 @@ class HolePuncher(DCUtRProtocol):
 
     async def punch(self, peer: ID, timeout_s: float = PUNCH_TIMEOUT_S) -> bool:
         """Try once to replace the relayed connection to ``peer`` by a direct one."""
-        self.counts["attempts"] += 1
         ok = False
         with trio.move_on_after(timeout_s):
             ok = await self.initiate_hole_punch(peer)
@@ -74,7 +72,6 @@ class HolePuncher(DCUtRProtocol):
         if len(self.outcomes) > MAX_REMEMBERED:
             del self.outcomes[next(iter(self.outcomes))]
         if ok:
-            self.counts["direct"] += 1
             await _close_relayed(self.host, peer)
         event(log, logging.INFO, "hole punch", peer=peer, direct=ok)
         return ok
@@ -107,7 +104,7 @@ async def dial(
     host: IHost,
     info: PeerInfo,
     *,
-    relay_dial: Any,
+    relay_dial: Callable[[multiaddr.Multiaddr], Awaitable[None]],
     puncher: HolePuncher | None,
     timeout_s: float,
     direct_timeout_s: float = DIRECT_TIMEOUT_S,
@@ -126,14 +123,15 @@ async def dial(
     errors: list[str] = []
     with trio.move_on_after(timeout_s):
         if direct:
-            with trio.move_on_after(direct_timeout_s if relayed else timeout_s) as scope:
+            direct_s = direct_timeout_s if relayed else timeout_s
+            with trio.move_on_after(direct_s) as scope:
                 try:
                     await host.connect(PeerInfo(peer, direct))
                     return "direct"
                 except Exception as exc:  # py-libp2p's dial errors share no base class
                     errors.append(f"direct: {exc}")
             if scope.cancelled_caught:
-                errors.append(f"direct: no answer in {direct_timeout_s:g} s")
+                errors.append(f"direct: no answer in {direct_s:g} s")
         for addr in relayed:
             try:
                 await relay_dial(_with_peer(addr, peer))

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -176,11 +178,28 @@ def test_a_tampered_invite_is_refused_before_anything_is_written(natted_swarm, t
     assert not (tmp_path / "n").exists()
 
 
-def doctor(swarm, machine: str, tmp_path, *args: str) -> tuple[int, dict]:
-    done = swarm.run(machine, "echo_node", "doctor", "--json", "--listen", "/ip4/0.0.0.0/tcp/0",
-                     "--data-dir", str(tmp_path / f"doctor-{machine}"), *args, timeout_s=120)
-    assert "Traceback" not in done.stderr, done.stderr
-    return done.returncode, json.loads(done.stdout)
+DEAD_BOOTSTRAP = "/ip4/10.77.0.99/tcp/4001/p2p/12D3KooWEyoppNCUx8Yx66oV9fJnriXwCcXwDDUA2kj6vnc6iDEp"
+
+
+@pytest.fixture(scope="module")
+def doctor_reports(natted_swarm, tmp_path_factory) -> dict[str, tuple[int, dict, Path]]:
+    """``echo-node doctor --json`` in each situation, all at once (each run
+    mostly waits on the network): name -> (exit code, report, its data dir)."""
+    net, swarm, invite = natted_swarm
+    root = tmp_path_factory.mktemp("doctor")
+    runs = {machine: (machine, invite) for machine in ("pub", "node1", "node2", "upnp1")}
+    runs["dead bootstrap"] = ("node1", "--bootstrap", DEAD_BOOTSTRAP, "--bootstrap-timeout-s", "3")
+
+    def doctor(name: str) -> tuple[int, dict, Path]:
+        machine, *args = runs[name]
+        data_dir = root / name.replace(" ", "-")
+        done = swarm.run(machine, "echo_node", "doctor", "--json", "--listen", "/ip4/0.0.0.0/tcp/0",
+                         "--data-dir", str(data_dir), *args, timeout_s=120)
+        assert "Traceback" not in done.stderr, done.stderr
+        return done.returncode, json.loads(done.stdout), data_dir
+
+    with ThreadPoolExecutor(len(runs)) as pool:
+        return dict(zip(runs, pool.map(doctor, runs)))
 
 
 def by_name(report: dict) -> dict[str, dict]:
@@ -194,9 +213,8 @@ def by_name(report: dict) -> dict[str, dict]:
     ("node2", "warn", "warn", "no UPnP gateway"),       # behind the strict router: only a relay reaches it
     ("upnp1", "ok", "ok", "your router forwards TCP"),  # behind a router that forwards on request
 ])
-def test_doctor_tells_the_situations_apart(natted_swarm, tmp_path, machine, reachable, punch, upnp):
-    net, swarm, invite = natted_swarm
-    code, report = doctor(swarm, machine, tmp_path, invite)
+def test_doctor_tells_the_situations_apart(doctor_reports, machine, reachable, punch, upnp):
+    code, report, data_dir = doctor_reports[machine]
     checks = by_name(report)
     assert code == 0 and report["ok"], report
     for name in ("backends", "bootstrap", "job", "learner", "relay", "memory", "disk", "upload"):
@@ -209,13 +227,11 @@ def test_doctor_tells_the_situations_apart(natted_swarm, tmp_path, machine, reac
     assert checks["upnp"]["status"] == ("warn" if upnp == "no UPnP gateway" else "ok")
     if reachable == "warn":
         assert "behind NAT" in checks["reachable"]["detail"] and checks["reachable"]["fix"]
-    assert not (tmp_path / f"doctor-{machine}").exists()  # the doctor writes nothing
+    assert not data_dir.exists()  # the doctor writes nothing
 
 
-def test_doctor_fails_clearly_when_the_bootstrap_is_unreachable(natted_swarm, tmp_path):
-    net, swarm, invite = natted_swarm
-    dead = "/ip4/10.77.0.99/tcp/4001/p2p/12D3KooWEyoppNCUx8Yx66oV9fJnriXwCcXwDDUA2kj6vnc6iDEp"
-    code, report = doctor(swarm, "node1", tmp_path, "--bootstrap", dead, "--bootstrap-timeout-s", "3")
+def test_doctor_fails_clearly_when_the_bootstrap_is_unreachable(doctor_reports):
+    code, report, _ = doctor_reports["dead bootstrap"]
     checks = by_name(report)
     assert code == 1 and not report["ok"]
     assert checks["bootstrap"]["status"] == "fail"
