@@ -4,7 +4,9 @@
 A deliberately small HTTP/1.1 server (h11 on trio): GET only, one request per
 connection, bounded request size, per-connection deadline and a cap on
 concurrent connections, so a stuck or hostile client cannot hold the learner.
-It binds to 127.0.0.1 unless told otherwise. Handlers only read the learner's
+It binds to 127.0.0.1 unless told otherwise, and then answers only requests
+whose Host header names that address (or localhost): a web page elsewhere
+cannot read it through DNS rebinding. Handlers only read the learner's
 in-memory state and the ledger: serving never blocks training.
 
     GET /api/status              job, version, step, mode, utilization, capacity
@@ -138,7 +140,18 @@ def _json(obj: Any) -> Body:
     return Body(JSON, json.dumps(obj).encode())
 
 
-async def _handle(stream: trio.SocketStream, table: dict) -> None:
+def allowed_hosts(host: str, port: int) -> frozenset[str] | None:
+    """The Host headers a browser sends for this server (None: any, when it is
+    bound to every interface and any name may lead to it)."""
+    if host in ("", "0.0.0.0", "::"):
+        return None
+    names = {host}
+    if host in ("127.0.0.1", "::1", "localhost"):
+        names |= {"127.0.0.1", "::1", "localhost"}
+    return frozenset(f"[{n}]:{port}" if ":" in n else f"{n}:{port}" for n in names)
+
+
+async def _handle(stream: trio.SocketStream, table: dict, hosts: frozenset[str] | None = None) -> None:
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_BYTES)
     while True:
         try:
@@ -150,7 +163,11 @@ async def _handle(stream: trio.SocketStream, table: dict) -> None:
             conn.receive_data(await stream.receive_some(MAX_REQUEST_BYTES))
             continue
         if isinstance(event_, h11.Request):
-            status, body = respond(table, event_.method.decode(), event_.target.decode("latin-1"))
+            host = dict(event_.headers).get(b"host", b"").decode("latin-1").lower()
+            if hosts is not None and host not in hosts:
+                status, body = 421, _json({"error": f"this server does not answer for Host {host!r}"})
+            else:
+                status, body = respond(table, event_.method.decode(), event_.target.decode("latin-1"))
             break
         return  # closed or something unexpected: nothing to answer
     headers = [
@@ -189,13 +206,14 @@ async def serve_api(
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound_port = listeners[0].socket.getsockname()[1]
     table = routes(learner)
+    hosts = allowed_hosts(host, bound_port)
     limiter = trio.CapacityLimiter(MAX_CONNECTIONS)
 
     async def handler(stream: trio.SocketStream) -> None:
         async with limiter, stream:
             with trio.move_on_after(CONNECTION_DEADLINE_S):
                 try:
-                    await _handle(stream, table)
+                    await _handle(stream, table, hosts)
                 except (h11.ProtocolError, trio.BrokenResourceError) as exc:
                     event(log, logging.DEBUG, "bad http request", error=exc)
 

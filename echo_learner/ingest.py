@@ -154,7 +154,7 @@ class Ingest:
             group_size=cfg.group_size,
             max_new_tokens=cfg.max_new_tokens,
             temperature=1.0,
-            stop_token_ids=(self.eos_id,),
+            stop_token_ids=tuple(sorted(self.limits.stop_ids)),  # what check_batch holds nodes to
             deadline_ms=now_ms() + int(cfg.assignment_timeout_s * 1000),
         )
 

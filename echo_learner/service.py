@@ -128,6 +128,7 @@ class Learner:
                 vocab_size=self.model.config.vocab_size,
                 group_size=config.group_size,
                 max_new_tokens=config.max_new_tokens,
+                stop_ids=frozenset(t for t in (self.tokenizer.eos_token_id,) if t is not None),
             ),
             pool=self.pool,
             policies=self.policies,

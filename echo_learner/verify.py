@@ -6,7 +6,8 @@ first failure is the receipt's reason:
     size and schema (the codec, before this module)
     -> signature -> job id -> prompts assigned to this node -> policy version
     inside the staleness window -> nonce not seen before -> token ids and
-    lengths -> assignment still this node's and unanswered
+    lengths, nothing after a stop token -> assignment still this node's and
+    unanswered
     -> log-probs recomputed by the learner (``check_logprobs``, in a thread)
 
 Rewards are computed afterwards by the learner itself (``echo_learner.tasks``).
@@ -94,6 +95,9 @@ class Limits:
     vocab_size: int
     group_size: int
     max_new_tokens: int
+    # Generation ends at the first of these: tokens after one were never
+    # sampled by an honest node (and would be credited and trained on).
+    stop_ids: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,8 @@ def check_batch(
             if len(c.tokens) != len(c.logprobs) or not 0 < len(c.tokens) <= limits.max_new_tokens:
                 return BAD_TOKENS
             if any(t >= limits.vocab_size for t in c.tokens):
+                return BAD_TOKENS
+            if any(t in limits.stop_ids for t in c.tokens[:-1]):
                 return BAD_TOKENS
     return _assignments_open(batch, sender, pool)
 

@@ -41,6 +41,14 @@ class NodeConfig:
         "(hides the request's round trip; slower nodes ask when done)", lo=0,
     )
     keep_versions: int = setting(2, "weight versions kept on disk (bounds disk use)", lo=1)
+    max_disk_gb: float = setting(
+        20.0, "most disk the weights may take: the kept versions plus the one downloading; a job "
+        "whose versions need more is refused before anything is written", lo=0.001,
+    )
+    receipts_max_mb: float = setting(
+        16.0, "receipts.jsonl is moved to receipts.jsonl.1 past this size (the learner's ledger "
+        "keeps every receipt)", lo=0.01,
+    )
     max_peers: int = setting(16, "most swarm neighbours to exchange weights with", lo=1)
     # Small models decode fastest on one thread (llama.cpp: 2 threads were 3-5x
     # slower on the built-in model, ../shared/notes/inference.md).

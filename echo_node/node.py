@@ -27,9 +27,10 @@ from libp2p.peer.peerinfo import PeerInfo
 from echo_node import status
 from echo_node.backend import Backend
 from echo_node.config import NodeConfig
+from echo_node.guard import ModelLimits, Refused, check_assignment
 from echo_node.weights import download_newer
 from protocol import codec
-from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
+from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine, VersionTooLarge
 from protocol.broadcast.store import VersionStore
 from protocol.errors import ProtocolError, SignatureError
 from protocol.host import parse_multiaddr, parse_peer_addr
@@ -108,6 +109,7 @@ class Node:
         self._backend_lock = trio.Lock()
         self._outbox: trio.MemorySendChannel[RolloutBatch] | None = None
         self._generate_s = 0.0  # how long the last assignment took to generate
+        self.model_limits: ModelLimits | None = None  # of the loaded version: what assignments may ask
 
     @asynccontextmanager
     async def joined(self) -> AsyncIterator[Swarm]:
@@ -160,7 +162,10 @@ class Node:
             )
             self.engine = BroadcastEngine(
                 swarm, store, job_id=self.job_id, learner_id=learner_id, is_seed=False,
-                config=BroadcastConfig(max_upload_mbit=cfg.max_upload_mbit, max_peers=cfg.max_peers),
+                config=BroadcastConfig(
+                    max_upload_mbit=cfg.max_upload_mbit, max_peers=cfg.max_peers,
+                    max_version_bytes=int(cfg.max_disk_gb * 2**30 / (cfg.keep_versions + 1)),
+                ),
             )
             await nursery.start(self.engine.run)
             nursery.start_soon(self._follow_versions)
@@ -184,12 +189,21 @@ class Node:
         self, wants: trio.MemoryReceiveChannel[None], assignments: trio.MemorySendChannel[WorkAssignment]
     ) -> None:
         """One assignment per request from the generator."""
-        failures = 0
+        failures = refused = 0
         async for _ in wants:
             work = None
             while work is None:
                 try:
                     work = await self.request_work()
+                except (Refused, VersionTooLarge) as exc:
+                    # The learner asked for something this node will not run:
+                    # say so (the first time, then every 100th) and ask again later.
+                    refused += 1
+                    if refused == 1 or refused % 100 == 0:
+                        event(log, logging.WARNING, "refused what the learner asked for", reason=exc,
+                              times=refused)
+                    await trio.sleep(min(self.config.retry_s * 2 ** min(refused - 1, 10), self.config.max_retry_s))
+                    continue
                 except (RequestFailed, ProtocolError) as exc:
                     if failures == 0:
                         event(log, logging.WARNING, "lost the learner; retrying", error=exc)
@@ -348,6 +362,8 @@ class Node:
             # What we hold is outside the learner's window: fetch first. Each
             # pass loads a newer version (maybe one finished before the newest).
             await self.update_weights(reply.version)
+        assert self.model_limits is not None
+        check_assignment(reply, self.model_limits)
         # Otherwise work with what we hold while _follow_versions fetches the
         # newest (async mode: the broadcast overlaps generation).
         return reply
@@ -361,6 +377,9 @@ class Node:
                 continue
             try:
                 await self.update_weights(self._wanted)
+            except VersionTooLarge:
+                # _fetch_work says why in the log; asking again soon would not change it.
+                await trio.sleep(self.config.max_retry_s)
             except (RequestFailed, ProtocolError) as exc:
                 event(log, logging.INFO, "could not fetch a newer version yet", error=exc)
                 await trio.sleep(self.config.retry_s)  # backoff before asking again
@@ -385,6 +404,7 @@ class Node:
             async with self._backend_lock:
                 self.backend.use(prepared)
                 self.version = newest
+                self.model_limits = ModelLimits.from_config(loaded.model_config)
             event(log, logging.INFO, "loaded weights", version=newest)
 
     async def roll_out(self, work: WorkAssignment) -> None:
@@ -488,5 +508,11 @@ class Node:
             "credit": receipt.credit,
             "receipt": codec.encode(receipt).hex(),
         }
-        with open(self.config.receipts_path, "a") as f:
+        path = self.config.receipts_path
+        # Bounded on disk: past the cap the file becomes receipts.jsonl.1
+        # (replacing the previous one). The learner's ledger keeps every
+        # receipt; `echo-node credits` fetches them from there.
+        if path.exists() and path.stat().st_size >= self.config.receipts_max_mb * 2**20:
+            os.replace(path, path.with_name(path.name + ".1"))
+        with open(path, "a") as f:
             f.write(json.dumps(line) + "\n")

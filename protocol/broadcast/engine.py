@@ -58,6 +58,10 @@ log = logging.getLogger(__name__)
 PEER_ERRORS = (ProtocolError, StreamError, SwarmException, HostException, RequestFailed, OSError)
 
 
+class VersionTooLarge(RequestFailed):
+    """A signed manifest asks for more disk than ``max_version_bytes`` allows."""
+
+
 @dataclass(frozen=True)
 class BroadcastConfig:
     max_upload_mbit: float = 0.0  # 0: uncapped
@@ -84,6 +88,10 @@ class BroadcastConfig:
     # (~22 MB/s at 32 KiB, see docs/broadcast.md), while 256 KiB still paces
     # a capped uplink in 25 ms steps at 80 Mbit/s.
     piece_bytes: int = 256 * 1024
+    # Largest version this process will store (0: any). A node sets it from
+    # its disk quota, so that a manifest of thousands of chunks (signed by a
+    # hostile learner, or a mistake) is refused before anything is written.
+    max_version_bytes: int = 0
     # False: take chunks but never announce or serve them (the "star"
     # baseline of bench/broadcast.py, where only the seed uploads).
     relay: bool = True
@@ -366,6 +374,11 @@ class BroadcastEngine:
             manifests.check(reply, self.learner_id)
         except ProtocolError as exc:
             raise RequestFailed(f"{peer} sent a manifest that fails its check: {exc}") from exc
+        if self.config.max_version_bytes and reply.total_size > self.config.max_version_bytes:
+            raise VersionTooLarge(
+                f"version {reply.version} is {reply.total_size / 2**30:.2f} GiB, more than this "
+                f"process may store per version ({self.config.max_version_bytes / 2**30:.2f} GiB)"
+            )
         return reply
 
     async def _fetch_manifest(self, peer: str, version: int) -> None:

@@ -4,7 +4,7 @@ import json
 
 import trio
 
-from echo_learner.api import JSON, MAX_REQUEST_BYTES, BadRequest, Body, _handle, respond
+from echo_learner.api import JSON, MAX_REQUEST_BYTES, BadRequest, Body, _handle, allowed_hosts, respond
 
 
 def boom(query):
@@ -28,14 +28,14 @@ def test_respond_routes_and_maps_errors_to_status_codes():
     assert respond(TABLE, "GET", "/api/boom") == (500, Body(JSON, b'{"error": "internal error"}'))
 
 
-async def _exchange(raw: bytes) -> bytes:
+async def _exchange(raw: bytes, hosts=None) -> bytes:
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
     async with trio.open_nursery() as nursery:
         async def handler(stream):
             async with stream:
                 try:
-                    await _handle(stream, TABLE)
+                    await _handle(stream, TABLE, hosts)
                 except Exception:
                     pass  # the server logs and drops a bad request; the test reads what arrived
         await nursery.start(trio.serve_listeners, handler, listeners)
@@ -67,3 +67,15 @@ async def test_an_oversized_request_is_refused():
 async def test_garbage_gets_a_400():
     reply = await _exchange(b"\x00\x01 not http\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 400")
+
+
+async def test_only_the_bound_address_is_answered_against_dns_rebinding():
+    hosts = allowed_hosts("127.0.0.1", 8123)
+    assert hosts == {"127.0.0.1:8123", "localhost:8123", "[::1]:8123"}
+    assert allowed_hosts("0.0.0.0", 8123) is None  # every interface: any name may lead here
+    for host in (b"localhost:8123", b"127.0.0.1:8123", b"LOCALHOST:8123"):
+        reply = await _exchange(b"GET /api/ok HTTP/1.1\r\nHost: " + host + b"\r\n\r\n", hosts)
+        assert reply.startswith(b"HTTP/1.1 200"), reply
+    for host in (b"evil.example:8123", b"127.0.0.1:80", b"localhost"):
+        reply = await _exchange(b"GET /api/ok HTTP/1.1\r\nHost: " + host + b"\r\n\r\n", hosts)
+        assert reply.startswith(b"HTTP/1.1 421") and b'"ok"' not in reply, reply

@@ -12,7 +12,7 @@ from echo_learner.tasks import TaskPrompt
 from protocol.messages import Completion, RolloutGroup
 from tests.protocol.samples import LEARNER, NODE, batch
 
-LIMITS = v.Limits(job_id="reverse-test", vocab_size=259, group_size=2, max_new_tokens=4)
+LIMITS = v.Limits(job_id="reverse-test", vocab_size=259, group_size=2, max_new_tokens=4, stop_ids=frozenset({258}))
 WINDOW = v.Window(3, 3)
 
 
@@ -66,6 +66,7 @@ async def test_honest_batch_passes(ledger):
         (lambda: batch(groups=(group((97, 258), (97, 98, 99, 100, 101)),)), v.BAD_TOKENS),
         (lambda: batch(groups=(group((97, 258), (300,)),)), v.BAD_TOKENS),
         (lambda: batch(groups=(group((97, 258), ()),)), v.BAD_TOKENS),
+        (lambda: batch(groups=(group((97, 258), (97, 258, 98)),)), v.BAD_TOKENS),  # past the stop token
     ],
 )
 async def test_refusals(ledger, make, reason):
