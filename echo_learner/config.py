@@ -50,6 +50,10 @@ class LearnerConfig:
     group_size: int = setting(16, "completions per prompt (GRPO group)", lo=2, hi=64)
     prompts_per_step: int = setting(16, "prompts (groups) per training step", lo=1, hi=256)
     prompts_per_request: int = setting(4, "most prompts handed to a node at once", lo=1, hi=256)
+    newcomer_share: float = setting(
+        0.25, "share of the prompt pool that peers with no accepted batch yet hold between them "
+        "while proven peers ask for work (echo_learner/fairness.py)", lo=0.0, hi=1.0,
+    )
     max_new_tokens: int = setting(
         4, "longest completion a node may generate (reverse: 3 letters + eos)", lo=1, hi=1024
     )

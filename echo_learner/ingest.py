@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import trio
 from libp2p.abc import INetStream
 
+from echo_learner import fairness
 from echo_learner.capacity import CapacityMeter
 from echo_learner.config import LearnerConfig
 from echo_learner.ledger import CREDIT_PER_TOKEN, Ledger, Row
@@ -130,11 +131,11 @@ class Ingest:
         if req.job_id != self.job_id:
             await framing.send(stream, ErrorReply("unknown_job", f"this learner runs {self.job_id}"))
             return
-        wanted = min(req.max_prompts, self.config.prompts_per_request)
         with trio.move_on_after(self.config.long_poll_s):
             while True:
                 version = self.current_version()
-                taken = self.pool.take(peer, wanted, version)
+                wanted = min(req.max_prompts, self.config.prompts_per_request, self._room_for(peer))
+                taken = self.pool.take(peer, wanted, version) if wanted else []
                 if taken:
                     await framing.send(stream, self._assignment(version, taken))
                     return
@@ -142,6 +143,19 @@ class Ingest:
         await framing.send(
             stream,
             NoWork(self.job_id, max(self.current_version(), 0), retry_after_ms=0, reason="no prompts open"),
+        )
+
+    def _room_for(self, peer: str) -> int:
+        """How many more prompts ``peer`` may hold now (echo_learner.fairness)."""
+        active = [s.peer for s in self.peers.active(self.config.assignment_timeout_s)]
+        return fairness.room(
+            peer,
+            capacity=self.pool.capacity,
+            per_request=self.config.prompts_per_request,
+            newcomer_share=self.config.newcomer_share,
+            active=active,
+            proven={p for p in active if self.peers.peers[p].accepted > 0},
+            held=self.pool.held(),
         )
 
     def _assignment(self, version: int, taken: list[Assignment]) -> WorkAssignment:

@@ -18,7 +18,7 @@ Everything is bounded: ``capacity`` groups in flight or buffered, and at most
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -81,6 +81,11 @@ class PromptPool:
     def outstanding(self) -> int:
         now = trio.current_time()
         return sum(self._live(a, now) for a in self.assignments.values())
+
+    def held(self) -> Counter[str]:
+        """Live (unanswered, unexpired) prompts per peer."""
+        now = trio.current_time()
+        return Counter(a.peer for a in self.assignments.values() if self._live(a, now))
 
     def take(self, peer: str, max_prompts: int, version: int) -> list[Assignment]:
         """Hand ``peer`` up to ``max_prompts`` prompts to roll out with ``version``."""

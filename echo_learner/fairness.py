@@ -1,0 +1,45 @@
+"""How many prompts one peer may hold at a time: a fair share of the pool.
+
+Prompts are the learner's scarce resource: the pool holds only what the next
+training steps need. Without a limit, one peer keeping many work requests in
+flight (or a crowd of fresh identities each asking once) takes every prompt
+and honest nodes get none. So, counting only prompts handed out and not yet
+answered or expired:
+
+- each peer holds at most a fair share: the pool divided among the peers that
+  asked for work recently, and never less than one request's worth;
+- peers that have never had a batch accepted (newcomers, which cost an
+  attacker nothing to make) share ``newcomer_share`` of the pool between them
+  while any proven peer is asking; with no proven peer around (a swarm that
+  is just starting) they are not held back.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection
+
+
+def room(
+    peer: str,
+    *,
+    capacity: int,
+    per_request: int,
+    newcomer_share: float,
+    active: Collection[str],
+    proven: Collection[str],
+    held: Counter[str],
+) -> int:
+    """How many more prompts ``peer`` may be handed now.
+
+    ``active``: peers that asked for work recently (``peer`` among them);
+    ``proven``: peers with at least one accepted batch; ``held``: live
+    (unanswered, unexpired) prompts per peer.
+    """
+    sharers = len(set(active) | {peer})
+    fair = max(per_request, -(-capacity // sharers))
+    left = fair - held[peer]
+    if peer not in proven and any(p in proven for p in active):
+        newcomers_cap = max(per_request, int(capacity * newcomer_share))
+        left = min(left, newcomers_cap - sum(n for p, n in held.items() if p not in proven))
+    return max(0, left)
