@@ -98,6 +98,7 @@ class Ingest:
         self.eos_id = eos_id
         self.pad_id = pad_id
         self.limits = limits
+        pool.on_lapsed = self._lapsed
         self.pool = pool
         self.policies = policies
         self.ledger = ledger
@@ -125,25 +126,35 @@ class Ingest:
         self.peers.on_work_request(
             peer, req.backend, req.dtype, req.held_version, req.name, req.reachability, route(stream.muxed_conn)
         )
-        if self.peers.banned(peer):
-            await framing.send(stream, ErrorReply(BANNED, "too many refused batches; try again later"))
-            return
         if req.job_id != self.job_id:
             await framing.send(stream, ErrorReply("unknown_job", f"this learner runs {self.job_id}"))
             return
         with trio.move_on_after(self.config.long_poll_s):
             while True:
+                if self.peers.banned(peer):  # checked again after each wait: bans come mid-wait
+                    await framing.send(stream, ErrorReply(
+                        BANNED, "too many strikes (refused batches, prompts left unanswered); try again later"
+                    ))
+                    return
                 version = self.current_version()
                 wanted = min(req.max_prompts, self.config.prompts_per_request, self._room_for(peer))
                 taken = self.pool.take(peer, wanted, version) if wanted else []
                 if taken:
                     await framing.send(stream, self._assignment(version, taken))
                     return
-                await self.pool.wait_changed()
+                # An expiring prompt frees room too, and nothing announces it.
+                with trio.move_on_at(self.pool.next_expiry() + 0.01):
+                    await self.pool.wait_changed()
         await framing.send(
             stream,
             NoWork(self.job_id, max(self.current_version(), 0), retry_after_ms=0, reason="no prompts open"),
         )
+
+    def _lapsed(self, peer: str) -> None:
+        """``peer`` let prompts expire unanswered: a strike, so that a peer
+        that takes prompts and never answers them is banned."""
+        event(log, logging.INFO, "prompts expired unanswered", peer=peer)
+        self.peers.strike(peer)
 
     def _room_for(self, peer: str) -> int:
         """How many more prompts ``peer`` may hold now (echo_learner.fairness)."""

@@ -114,13 +114,18 @@ class PeerBook:
             return
         stats.refused += 1
         if reason in STRIKES:
-            now = time.time()
-            stats.strikes.append(now)
-            while stats.strikes and stats.strikes[0] < now - self.strike_window_s:
-                stats.strikes.popleft()
-            if len(stats.strikes) >= self.strikes_to_ban:
-                stats.banned_until = now + self.ban_s
-                stats.strikes.clear()
+            self.strike(peer)
+
+    def strike(self, peer: str) -> None:
+        """One more strike; ``strikes_to_ban`` of them within the window ban the peer."""
+        stats = self.seen(peer)
+        now = time.time()
+        stats.strikes.append(now)
+        while stats.strikes and stats.strikes[0] < now - self.strike_window_s:
+            stats.strikes.popleft()
+        if len(stats.strikes) >= self.strikes_to_ban:
+            stats.banned_until = now + self.ban_s
+            stats.strikes.clear()
 
     def banned(self, peer: str) -> bool:
         stats = self.peers.get(peer)

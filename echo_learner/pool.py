@@ -18,6 +18,7 @@ Everything is bounded: ``capacity`` groups in flight or buffered, and at most
 
 from __future__ import annotations
 
+import math
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ class Assignment:
     handed_at: float  # trio clock
     holders: list[str] = field(default_factory=list)  # every peer it was ever given to
     answered: bool = False
+    lapse_charged: bool = False  # its expiry was counted against the holder
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ class PromptPool:
         self.open = False  # the learner opens it once a version is out
         self.min_version = 0  # assignments made before this version are useless
         self._changed = trio.Event()
+        # Told of each peer whose prompt expired unanswered (the learner strikes it).
+        self.on_lapsed: Callable[[str], None] | None = None
 
     # --- handing out ---------------------------------------------------------
 
@@ -82,24 +86,36 @@ class PromptPool:
         now = trio.current_time()
         return sum(self._live(a, now) for a in self.assignments.values())
 
+    def next_expiry(self) -> float:
+        """When the next live prompt expires (trio clock; ``inf``: none is live)."""
+        now = trio.current_time()
+        return min((a.deadline for a in self.assignments.values() if self._live(a, now)), default=math.inf)
+
     def held(self) -> Counter[str]:
         """Live (unanswered, unexpired) prompts per peer."""
         now = trio.current_time()
         return Counter(a.peer for a in self.assignments.values() if self._live(a, now))
 
     def take(self, peer: str, max_prompts: int, version: int) -> list[Assignment]:
-        """Hand ``peer`` up to ``max_prompts`` prompts to roll out with ``version``."""
+        """Hand ``peer`` up to ``max_prompts`` prompts to roll out with ``version``.
+
+        Peers that let a prompt expire unanswered are told to ``on_lapsed``
+        (once per peer and call, each expired prompt counted once).
+        """
         if not self.open:
             return []
         now = trio.current_time()
+        self._charge_lapses(now)
         room = min(max_prompts, self.capacity - len(self.buffer) - self.outstanding())
         taken: list[Assignment] = []
-        # Expired, still useful prompts first: a slow node must not starve a step.
+        # Expired, still useful prompts first: a slow node must not starve a
+        # step. Never back to a peer that already let it lapse.
         for a in self.assignments.values():
             if len(taken) >= room:
                 break
-            if not a.answered and a.deadline < now and a.version >= self.min_version:
+            if not a.answered and a.deadline < now and a.version >= self.min_version and peer not in a.holders:
                 taken.append(a)
+
         while len(taken) < room:
             prompt, tokens = self.new_prompt()
             a = Assignment(self.next_prompt_id, prompt, tokens, version, peer, 0.0, now)
@@ -107,12 +123,22 @@ class PromptPool:
             self.assignments[a.prompt_id] = a
             taken.append(a)
         for a in taken:
-            a.peer, a.version, a.handed_at = peer, version, now
+            a.peer, a.version, a.handed_at, a.lapse_charged = peer, version, now, False
             a.deadline = now + self.assignment_timeout_s
             a.holders.append(peer)
         while len(self.assignments) > self.memory:
             self.assignments.popitem(last=False)
         return taken
+
+    def _charge_lapses(self, now: float) -> None:
+        lapsed = set()
+        for a in self.assignments.values():
+            if not a.answered and not a.lapse_charged and a.deadline < now:
+                a.lapse_charged = True
+                lapsed.add(a.peer)
+        if self.on_lapsed is not None:
+            for peer in lapsed:
+                self.on_lapsed(peer)
 
     def lookup(self, prompt_id: int) -> Assignment | None:
         return self.assignments.get(prompt_id)
