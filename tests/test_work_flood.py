@@ -19,14 +19,15 @@ from protocol.rpc import RequestFailed, request
 from tests.test_adversaries import LOOPBACK, _wait_for_steps
 
 IN_FLIGHT = 16  # the flooder's concurrent work requests: the whole sync pool
-STEPS = 20
+STEPS = 14
+TIMEOUT_S = 5  # the learner's assignment timeout: how long an unanswered prompt stays the flooder's
 
 
 @pytest.mark.timeout(600)
 async def test_a_work_flood_gets_a_newcomers_share_and_honest_nodes_keep_training(swarm_factory):
     swarm = swarm_factory
     boot = await trio.to_thread.run_sync(swarm.start_bootstrap)
-    learner = swarm.start_learner("--steps", str(STEPS), "--assignment-timeout-s", "10")
+    learner = swarm.start_learner("--steps", str(STEPS), "--assignment-timeout-s", str(TIMEOUT_S))
     for i in range(2):
         swarm.start_node(i)
     # The honest nodes are proven (a batch accepted) before the flood starts.
@@ -52,7 +53,7 @@ async def test_a_work_flood_gets_a_newcomers_share_and_honest_nodes_keep_trainin
                 return
             if isinstance(reply, WorkAssignment):
                 now = trio.current_time()
-                received.append((now, now + 10, len(reply.prompts)))  # never answered: live until it expires
+                received.append((now, now + TIMEOUT_S, len(reply.prompts)))  # never answered: live until it expires
 
     async with flooder.joined():
         async with trio.open_nursery() as nursery:
