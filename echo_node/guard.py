@@ -44,7 +44,7 @@ class ModelLimits:
 
 def check_assignment(work: WorkAssignment, limits: ModelLimits) -> None:
     """Raise ``Refused`` unless every part of ``work`` is safe to run on this model."""
-    if not MIN_TEMPERATURE <= work.temperature:
+    if work.temperature < MIN_TEMPERATURE:
         raise Refused(f"temperature {work.temperature} is below {MIN_TEMPERATURE}")
     for prompt in work.prompts:
         if any(not 0 <= t < limits.vocab_size for t in prompt.tokens):
