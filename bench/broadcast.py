@@ -12,7 +12,6 @@ seed needs to upload one copy.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -22,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from localswarm import local_swarm  # noqa: E402
-from swarmproc import Peer, wait_until  # noqa: E402
+from swarmproc import Peer, keep_logs, print_result, wait_until  # noqa: E402
 
 
 def run_once(root: Path, bootstrap: str, args: argparse.Namespace, relay: bool) -> dict:
@@ -81,10 +80,7 @@ def main() -> None:
             pipelined = run_once(root, bootstrap, args, relay=True)
             star = None if args.skip_star else run_once(root, bootstrap, args, relay=False)
     finally:
-        if args.keep_logs is not None:
-            args.keep_logs.mkdir(parents=True, exist_ok=True)
-            for log in root.glob("*.log"):
-                shutil.copy(log, args.keep_logs / log.name)
+        keep_logs(root, args.keep_logs)
         shutil.rmtree(root, ignore_errors=True)
     bound_s = args.size_mib * 2**20 * 8 / (args.upload_mbit * 1e6)
     result = {
@@ -102,11 +98,7 @@ def main() -> None:
     if star is not None:
         result["star_s"] = round(star["s"], 3)
         result["star_over_pipelined"] = round(star["s"] / pipelined["s"], 3)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k:24} {v}")
+    print_result(result, args.json)
 
 
 if __name__ == "__main__":

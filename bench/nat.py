@@ -20,11 +20,9 @@ upload, the time the seed needs to send one copy. Needs root, ip, iptables, tc.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
-from itertools import combinations
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
@@ -32,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from localswarm import local_swarm  # noqa: E402
 from netns import Topology, missing_tools  # noqa: E402
-from swarmproc import Peer, wait_until  # noqa: E402
+from swarmproc import Peer, keep_logs, print_result, wait_until  # noqa: E402
 
 LISTEN = "/ip4/0.0.0.0/tcp/4001"
 
@@ -145,10 +143,7 @@ def main() -> None:
             public = run_once(net, bootstrap, root, args, "p", public_kinds, 11)
             natted = run_once(net, bootstrap, root, args, "n", natted_kinds, 11 + args.nodes + 2)
     finally:
-        if args.keep_logs is not None:
-            args.keep_logs.mkdir(parents=True, exist_ok=True)
-            for log in root.glob("*.log"):
-                shutil.copy(log, args.keep_logs / log.name)
+        keep_logs(root, args.keep_logs)
         shutil.rmtree(root, ignore_errors=True)
 
     def r(x):
@@ -174,11 +169,7 @@ def main() -> None:
         "masquerade_punches": natted["masquerade_punches"],
         "masquerade_punch_success": r(natted["masquerade_punch_success"]),
     }
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k:26} {v}")
+    print_result(result, args.json)
 
 
 if __name__ == "__main__":

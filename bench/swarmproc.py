@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,3 +85,22 @@ def wait_until(peers: list[Peer], done, timeout_s: float) -> None:
                 key.data.feed(data)
     finally:
         sel.close()
+
+
+def keep_logs(root: Path, dest: Path | None) -> None:
+    """Copy the processes' logs out of ``root`` (a benchmark's temporary dir) to ``dest``."""
+    if dest is None:
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    for log in root.glob("*.log"):
+        shutil.copy(log, dest / log.name)
+
+
+def print_result(result: dict, as_json: bool) -> None:
+    """One JSON line, or one aligned ``key value`` line per figure."""
+    if as_json:
+        print(json.dumps(result))
+        return
+    width = max(map(len, result)) + 2
+    for k, v in result.items():
+        print(f"{k:{width}} {v}")

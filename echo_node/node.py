@@ -202,7 +202,7 @@ class Node:
                     if refused == 1 or refused % 100 == 0:
                         event(log, logging.WARNING, "refused what the learner asked for", reason=exc,
                               times=refused)
-                    await trio.sleep(min(self.config.retry_s * 2 ** min(refused - 1, 10), self.config.max_retry_s))
+                    await trio.sleep(self._backoff_s(refused))
                     continue
                 except (RequestFailed, ProtocolError) as exc:
                     if failures == 0:
@@ -210,15 +210,17 @@ class Node:
                     failures += 1
                     # Exponential backoff for a learner that may be restarting
                     # or gone, not synchronisation.
-                    await trio.sleep(
-                        min(self.config.retry_s * 2 ** min(failures - 1, 10), self.config.max_retry_s)
-                    )
+                    await trio.sleep(self._backoff_s(failures))
                     await self.relocate_learner()
                     continue
                 if failures:
                     event(log, logging.WARNING, "learner is back", after_failures=failures)
                     failures = 0
             await assignments.send(work)
+
+    def _backoff_s(self, tries: int) -> float:
+        """The pause before try ``tries + 1``: doubling from retry_s up to max_retry_s."""
+        return min(self.config.retry_s * 2 ** min(tries - 1, 10), self.config.max_retry_s)
 
     async def _generate(
         self, assignments: trio.MemoryReceiveChannel[WorkAssignment], wants: trio.MemorySendChannel[None]

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 import trio
 from libp2p.peer.id import ID
 
+from protocol.dial import current_route
 from protocol.files import write_atomic
 from protocol.host import full_addrs
-from protocol.rpc import route
 
 if TYPE_CHECKING:
     from echo_node.node import Node
@@ -52,12 +52,8 @@ def _neighbours(node: Node) -> dict[str, str]:
     """Each broadcast neighbour and how we reach it (direct or relayed)."""
     if node.engine is None or node.swarm is None:
         return {}
-    connections = node.swarm.host.get_network().connections
-    out = {}
-    for peer in node.engine.neighbours:
-        conns = connections.get(ID.from_base58(peer)) or []
-        out[peer] = route(conns[0]) if conns else "connecting"
-    return out
+    host = node.swarm.host
+    return {peer: current_route(host, ID.from_base58(peer)) or "connecting" for peer in node.engine.neighbours}
 
 
 async def keep_written(node: Node, path: Path) -> None:
