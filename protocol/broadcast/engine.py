@@ -10,8 +10,10 @@
 - Follows the newest version any neighbour announces: fetches its manifest
   (checked against the learner's key), then downloads its chunks from
   neighbours as ``scheduler.Download`` decides. A request that makes no
-  progress for ``stall_s`` is cancelled and reissued elsewhere; a peer that
-  sends a chunk that fails its hash is banned for that version.
+  progress for ``stall_s`` (or brings no byte in ``request_timeout_s``) is
+  cancelled and reissued elsewhere, and its peer dropped for that version and
+  struck; ``stalls_to_ban`` strikes, a chunk that fails its hash, or a denied
+  chunk the peer announces, ban the peer from our downloads for ``ban_s``.
 - Finds neighbours through DHT provider records of the job's swarm key.
 
 ``run`` owns every task; cancelling it closes every stream.
@@ -55,6 +57,8 @@ log = logging.getLogger(__name__)
 # Errors a request to a peer can end with when the peer misbehaves or vanishes
 # mid-dial (py-libp2p's errors share no base class below Exception); none may
 # stop the engine. Anything else is a bug.
+MAX_TRUSTED = 4096
+
 PEER_ERRORS = (ProtocolError, StreamError, SwarmException, HostException, RequestFailed, OSError)
 
 
@@ -84,6 +88,10 @@ class BroadcastConfig:
     # CPU on both sides; 50 ms adds little to a chunk's 100+ ms hop.
     have_interval_s: float = 0.05
     request_timeout_s: float = 10.0
+    # Stalls (within ban_s) after which a peer that has served us before is
+    # asked for nothing for ban_s (one stall suffices for a peer that never has).
+    stalls_to_ban: int = 2
+    ban_s: float = 600.0
     # Upload write size: larger writes cost py-libp2p far less CPU per byte
     # (~22 MB/s at 32 KiB, see docs/broadcast.md), while 256 KiB still paces
     # a capped uplink in 25 ms steps at 80 Mbit/s.
@@ -104,8 +112,9 @@ class Stats:
     chunks_from: Counter = field(default_factory=Counter)
     bytes_up: int = 0
     chunks_up: int = 0
-    banned: list[tuple[str, int]] = field(default_factory=list)
+    banned: list[tuple[str, int]] = field(default_factory=list)  # (peer, version): hash mismatches
     stalls: Counter = field(default_factory=Counter)
+    peer_bans: Counter = field(default_factory=Counter)  # peer -> times banned from downloads
     completed_at: dict[int, float] = field(default_factory=dict)
 
 
@@ -139,6 +148,14 @@ class BroadcastEngine:
         self._lanes: dict[str, list[INetStream]] = {}
         self._learning: set[int] = set()
         self._relayed: set[str] = set()  # neighbours reached only through a relay
+        # Peers we ask for nothing (they stalled or lied), until when; and
+        # recent stall times per peer.
+        self._banned_until: dict[str, float] = {}
+        self._open: dict[tuple[str, int], trio.CancelScope] = {}  # chunk requests under way
+        # Peers that have sent us a good chunk: asked first, and given a second
+        # chance after a stall (bounded: the oldest are forgotten).
+        self._trusted: set[str] = set()
+        self._stall_times: dict[str, list[float]] = {}
         self._local_changed = trio.Event()
         self._wake_downloader = trio.Event()
         self._progress = trio.Event()
@@ -343,6 +360,9 @@ class BroadcastEngine:
         m, d = self.target, self.download
         if m is None or d is None or have.version != m.version:
             return
+        if self.banned(peer):
+            d.drop(peer)
+            return
         if have.manifest_digest != manifest_digest(m):
             return  # same number, other weights (e.g. a restarted run): not ours
         try:
@@ -402,6 +422,7 @@ class BroadcastEngine:
             config=self.config.scheduler,
             rng=self._rng,
             relayed=self._relayed,
+            trusted=self._trusted,
         )
         for peer, have in self.neighbours.items():
             if have is not None:
@@ -431,7 +452,15 @@ class BroadcastEngine:
         now = trio.current_time()
         event(log, logging.DEBUG, "chunk request ended", peer=peer[-6:], idx=idx, outcome=outcome)
         if outcome == "ok":
-            d.on_done(peer, idx)
+            d.on_done(peer, idx, now)
+            if len(self._trusted) >= MAX_TRUSTED:
+                self._trusted.clear()
+            self._trusted.add(peer)
+            # An endgame copy got here first: the other request ends now, and
+            # a peer that sent no byte of it while the copy came is stalling.
+            for (other, i), request_scope in list(self._open.items()):
+                if i == idx and other != peer:
+                    request_scope.cancel()
             if self.store.complete(m.version):
                 self.stats.completed_at.setdefault(m.version, time.time())
                 queued, self._queued = self._queued, None
@@ -441,22 +470,60 @@ class BroadcastEngine:
         else:
             if outcome == "bad":
                 self.stats.banned.append((peer, m.version))
-                event(log, logging.WARNING, "peer sent a chunk that failed its hash; banned for this version",
-                      peer=peer, version=m.version, chunk=idx)
+                self._ban(peer, "sent a chunk that failed its hash", version=m.version, chunk=idx)
+            elif outcome == "denied":
+                self._ban(peer, "denied a chunk it announces", version=m.version, chunk=idx)
+            elif outcome == "stalled" and not self.banned(peer):
+                self._strike(peer)
             d.on_failed(
                 peer, idx, now,
-                bad=outcome == "bad", busy=outcome == "busy", declined=outcome == "ask_others",
+                bad=outcome in ("bad", "denied"), stalled=outcome == "stalled",
+                busy=outcome == "busy", declined=outcome in ("ask_others", "overtaken"),
             )
             self._poke_downloader()
 
+    # --- peers that waste our time -------------------------------------------------
+
+    def banned(self, peer: str) -> bool:
+        return self._banned_until.get(peer, 0.0) > trio.current_time()
+
+    def _strike(self, peer: str) -> None:
+        now = trio.current_time()
+        # Bounded: stalls older than ban_s are forgotten, for every peer.
+        for p in [p for p, times in self._stall_times.items() if times[-1] < now - self.config.ban_s]:
+            del self._stall_times[p]
+        recent = [t for t in self._stall_times.get(peer, []) if t > now - self.config.ban_s] + [now]
+        self._stall_times[peer] = recent
+        # A peer that never sent us a chunk has no good record to weigh
+        # against a stall.
+        if len(recent) >= self.config.stalls_to_ban or peer not in self._trusted:
+            self._ban(peer, f"stalled {len(recent)} times")
+
+    def _ban(self, peer: str, why: str, **fields: Any) -> None:
+        now = trio.current_time()
+        for p in [p for p, until in self._banned_until.items() if until < now]:  # bounded
+            del self._banned_until[p]
+        self._banned_until[peer] = now + self.config.ban_s
+        self._stall_times.pop(peer, None)
+        self.stats.peer_bans[peer] += 1
+        event(log, logging.WARNING, f"peer {why}; asking it for nothing for {self.config.ban_s:.0f} s",
+              peer=peer, **fields)
+        if self.download is not None:
+            self.download.drop(peer)
+
     async def _request_chunk(self, m: Manifest, peer: str, idx: int) -> str:
-        """One chunk request; returns ok, busy, ask_others, bad, stalled or failed."""
+        """One chunk request; returns ok, busy, ask_others, bad, denied, stalled,
+        overtaken (another peer's copy came first) or failed."""
         lanes = self._lanes.setdefault(peer, [])
         stream = lanes.pop() if lanes else None
         reusable = False
+        received = 0
         with trio.CancelScope(deadline=trio.current_time() + self.config.request_timeout_s) as scope:
+            self._open[(peer, idx)] = scope
 
-            def progress(_: int) -> None:
+            def progress(n: int) -> None:
+                nonlocal received
+                received += n
                 scope.deadline = trio.current_time() + self.config.stall_s
 
             try:
@@ -468,16 +535,21 @@ class BroadcastEngine:
                 )
                 reusable = True
             finally:
+                self._open.pop((peer, idx), None)
                 if reusable and peer in self.neighbours:
                     self._lanes.setdefault(peer, []).append(stream)
                 elif stream is not None:
                     await _discard(stream)
         if scope.cancelled_caught:
+            if idx in self.store.chunks_held(m.version) and received:
+                return "overtaken"
             self.stats.stalls[peer] += 1
             event(log, logging.INFO, "peer stalled; reissuing", peer=peer, chunk=idx)
             return "stalled"
         reply = codec.decode(frame, ChunkData, ErrorReply)
         if isinstance(reply, ErrorReply):
+            if reply.code == "unknown_chunk" and self._announces(peer, m, idx):
+                return "denied"
             return reply.code if reply.code in ("busy", "ask_others") else "failed"
         if (reply.job_id, reply.version, reply.index) != (self.job_id, m.version, idx):
             return "bad"
@@ -491,6 +563,14 @@ class BroadcastEngine:
         self.stats.bytes_from[peer] += len(reply.data)
         self.stats.chunks_from[peer] += 1
         return "ok"
+
+    def _announces(self, peer: str, m: Manifest, idx: int) -> bool:
+        """Does ``peer``'s latest Have still name chunk ``idx`` of ``m``?"""
+        have = self.neighbours.get(peer)
+        if have is None or have.version != m.version or have.manifest_digest != manifest_digest(m):
+            return False
+        byte = idx // 8
+        return len(have.bitfield) > byte and bool(have.bitfield[byte] >> (idx % 8) & 1)
 
     # --- discovery -----------------------------------------------------------------
 

@@ -6,6 +6,10 @@ ties broken by a per-process random order so that processes spread out,
 peers reached only through a relay only when no directly connected holder
 is free, the seed (the learner) only when no other peer has the chunk, at most
 ``max_in_flight_per_peer`` requests per peer and ``max_in_flight`` in all.
+Peers that have served us before come first. Endgame: once every chunk still missing is requested, a request older than
+``endgame_after_s`` is sent to a second holder too, so one slow or stalling
+peer cannot hold up the version's last chunks. A peer that stalls or sends
+a wrong chunk is dropped for the version.
 
 ``UploadPolicy`` decides which requests a process admits: a bounded queue,
 and for the seed, a chunk that the swarm can relay
@@ -22,7 +26,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections import Counter
+import statistics
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 
@@ -37,8 +42,15 @@ class SchedulerConfig:
     # refusal costs both sides a round trip of CPU.
     busy_backoff_s: float = 0.05
     busy_backoff_max_s: float = 1.0
-    # A peer whose request failed (stalled, reset) is rested this long.
+    # A peer whose request failed (reset, error) is rested this long.
     failure_backoff_s: float = 1.0
+    # A chunk requested endgame_factor times the median request time ago
+    # (endgame_after_s before any request has finished; at least
+    # endgame_min_s) and still missing is asked of a second holder once
+    # nothing else is left to request.
+    endgame_after_s: float = 2.0
+    endgame_factor: float = 4.0
+    endgame_min_s: float = 0.25
 
 
 @dataclass
@@ -50,6 +62,7 @@ class _Peer:
     # Chunks this peer told us to fetch elsewhere, until when.
     declined: dict[int, float] = field(default_factory=dict)
     busy_streak: int = 0
+    delivered: int = 0  # chunks of this version it sent us
 
 
 @dataclass
@@ -63,12 +76,19 @@ class Download:
     rng: random.Random = field(default_factory=random.Random)
     peers: dict[str, _Peer] = field(default_factory=dict)
     in_flight: dict[int, str] = field(default_factory=dict)
+    # Endgame copies: chunk -> the second peer asked for it.
+    duplicates: dict[int, str] = field(default_factory=dict)
+    requested_at: dict[int, float] = field(default_factory=dict)
+    durations: deque[float] = field(default_factory=lambda: deque(maxlen=32))  # of finished requests
     # How many usable (not banned) peers announce each chunk; kept up to date
     # incrementally so that next_requests stays cheap in large swarms.
     counts: Counter = field(default_factory=Counter)
     # Peers reached only through a relay: its bandwidth is shared and capped,
     # so they are asked last (the caller keeps this set up to date).
     relayed: set[str] = field(default_factory=set)
+    # Peers that have sent us a good chunk before (of any version): asked
+    # before peers that never have, which may announce chunks they never send.
+    trusted: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         order = list(range(self.n_chunks))
@@ -92,6 +112,12 @@ class Download:
         if not state.banned:
             self._set_chunks(state, chunks)
 
+    def drop(self, peer: str) -> None:
+        """Ask ``peer`` for nothing more of this version, whatever it announces."""
+        state = self.peers.setdefault(peer, _Peer())
+        self._set_chunks(state, frozenset())
+        state.banned = True
+
     def remove_peer(self, peer: str) -> None:
         """``peer`` left; its open requests still end through ``on_failed``.
 
@@ -106,7 +132,7 @@ class Download:
 
     def next_requests(self, now: float) -> list[tuple[str, int]]:
         """Requests to start now; each is marked in flight until done or failed."""
-        free = self.config.max_in_flight - len(self.in_flight)
+        free = self.config.max_in_flight - len(self.in_flight) - len(self.duplicates)
         if free <= 0:
             return []
         usable = {
@@ -122,41 +148,90 @@ class Download:
         wanted = [
             idx
             for idx, n in counts.items()
-            if n > 0 and idx not in self.have and idx not in self.in_flight
+            if n > 0 and idx not in self.have and idx not in self.in_flight and idx not in self.duplicates
         ]
         wanted.sort(key=lambda idx: (counts[idx], self._tiebreak[idx]))
-        out = []
+        out: list[tuple[str, int]] = []
         for idx in wanted:
-            holders = [
-                p for p, s in usable.items() if idx in s.chunks and s.declined.get(idx, 0.0) <= now
-            ]
-            if not holders:
+            peer = self._pick(idx, usable, now)
+            if peer is None:
                 continue
-            # A directly connected holder first, then the least busy; the seed
-            # only breaks ties last, so that other peers take load first but
-            # the seed's upload never idles.
-            peer = min(
-                holders,
-                key=lambda p: (p in self.relayed, usable[p].in_flight, p == self.seed, self.rng.random()),
-            )
-            state = usable[peer]
-            state.in_flight += 1
-            if state.in_flight >= self.config.max_in_flight_per_peer:
-                del usable[peer]
+            self._start(peer, idx, usable, now)
             self.in_flight[idx] = peer
             out.append((peer, idx))
             if len(out) == free or not usable:
-                break
+                return out
+        if not wanted:
+            # Endgame: nothing left to ask for the first time.
+            for idx, first in sorted(self.in_flight.items(), key=lambda kv: self.requested_at[kv[0]]):
+                too_young = now - self.requested_at[idx] < self.endgame_after_s
+                if too_young or idx in self.duplicates or idx in self.have:
+                    continue
+                peer = self._pick(idx, {p: s for p, s in usable.items() if p != first}, now, endgame=True)
+                if peer is None:
+                    continue
+                self._start(peer, idx, usable, now)
+                self.duplicates[idx] = peer
+                out.append((peer, idx))
+                if len(out) == free or not usable:
+                    break
         return out
 
+    def _pick(self, idx: int, usable: dict[str, _Peer], now: float, endgame: bool = False) -> str | None:
+        holders = [p for p, s in usable.items() if idx in s.chunks and s.declined.get(idx, 0.0) <= now]
+        if not holders:
+            return None
+        if endgame:
+            # A copy goes only to a holder that has proven it serves: one that
+            # sent us a chunk of this version, or the seed. Another peer that
+            # only announces the chunk may be stalling too.
+            proven = [p for p in holders if usable[p].delivered or p == self.seed]
+            if not proven:
+                return None
+            return min(proven, key=lambda p: (p == self.seed, usable[p].in_flight, self.rng.random()))
+        # A directly connected holder first, then the least busy, then one
+        # that has served us before; the seed only breaks ties last, so that
+        # other peers take load first but the seed's upload never idles.
+        return min(
+            holders,
+            key=lambda p: (
+                p in self.relayed,
+                usable[p].in_flight,
+                p not in self.trusted,
+                p == self.seed,
+                self.rng.random(),
+            ),
+        )
+
+    def _start(self, peer: str, idx: int, usable: dict[str, _Peer], now: float) -> None:
+        state = usable[peer]
+        state.in_flight += 1
+        if state.in_flight >= self.config.max_in_flight_per_peer:
+            del usable[peer]
+        self.requested_at.setdefault(idx, now)
+
+    @property
+    def endgame_after_s(self) -> float:
+        """How old a request must be before the endgame copies it."""
+        c = self.config
+        if not self.durations:
+            return c.endgame_after_s
+        return max(c.endgame_min_s, c.endgame_factor * statistics.median(self.durations))
+
     def next_wakeup(self, now: float) -> float:
-        """When a resting peer or declined chunk becomes usable again (``inf``: never)."""
+        """When a resting peer or declined chunk becomes usable again, or a
+        request becomes old enough for an endgame copy (``inf``: never)."""
         times = [
             t
             for s in self.peers.values()
             if not s.banned
             for t in (s.resting_until, *s.declined.values())
             if t > now
+        ]
+        times += [
+            self.requested_at[idx] + self.endgame_after_s
+            for idx in self.in_flight
+            if idx not in self.duplicates and self.requested_at[idx] + self.endgame_after_s > now
         ]
         return min(times, default=math.inf)
 
@@ -165,17 +240,26 @@ class Download:
     def _finish(self, peer: str, idx: int) -> None:
         if self.in_flight.get(idx) == peer:
             del self.in_flight[idx]
+            if idx in self.duplicates:  # the endgame copy carries on as the request
+                self.in_flight[idx] = self.duplicates.pop(idx)
+        elif self.duplicates.get(idx) == peer:
+            del self.duplicates[idx]
+        if idx not in self.in_flight:
+            self.requested_at.pop(idx, None)
         state = self.peers.get(peer)
         if state is not None and state.in_flight > 0:
             state.in_flight -= 1
 
-    def on_done(self, peer: str, idx: int) -> None:
-        """Chunk ``idx`` arrived from ``peer`` and matched its hash."""
+    def on_done(self, peer: str, idx: int, now: float | None = None) -> None:
+        """Chunk ``idx`` arrived from ``peer`` (at ``now``) and matched its hash."""
+        if now is not None and self.in_flight.get(idx) == peer and idx not in self.duplicates:
+            self.durations.append(now - self.requested_at[idx])
         self._finish(peer, idx)
         self.have.add(idx)
         state = self.peers.get(peer)
         if state is not None:
             state.busy_streak = 0
+            state.delivered += 1
 
     def on_failed(
         self,
@@ -186,22 +270,23 @@ class Download:
         bad: bool = False,
         busy: bool = False,
         declined: bool = False,
+        stalled: bool = False,
     ) -> None:
         """The request failed.
 
-        ``bad``: the chunk did not match its hash; the peer is banned for this
-        version. ``busy``: the peer had no free upload slot; it rests a moment.
+        ``bad``: the chunk did not match its hash (or the peer denied holding a
+        chunk it announced); ``stalled``: no byte came for too long. Either way
+        the peer is dropped for this version. ``busy``: the peer had no free upload slot; it rests a moment.
         ``declined``: the peer (the seed) wants this chunk fetched from others;
-        we ask it for other chunks meanwhile. Otherwise (stall, reset, timeout)
-        the peer rests longer.
+        we ask it for other chunks meanwhile. Otherwise (reset, error) the peer
+        rests longer.
         """
         self._finish(peer, idx)
         state = self.peers.get(peer)
         if state is None:
             return
-        if bad:
-            self._set_chunks(state, frozenset())
-            state.banned = True
+        if bad or stalled:
+            self.drop(peer)
         elif declined:
             state.declined[idx] = now + self.config.busy_backoff_s
         elif busy:
@@ -210,6 +295,9 @@ class Download:
             state.busy_streak += 1
         else:
             state.resting_until = now + self.config.failure_backoff_s
+
+
+MAX_ADVISED = 65536
 
 
 @dataclass
@@ -228,18 +316,21 @@ class UploadPolicy:
     admitted: int = 0
     served: list[int] = field(default_factory=list)
     uploading: dict[int, int] = field(default_factory=dict)
+    advised: set[tuple[str, int]] = field(default_factory=set)  # (peer, chunk) told ask_others
 
     def __post_init__(self) -> None:
         self.served = [0] * self.n_chunks
 
-    def allow(self, idx: int, holders: int) -> str:
-        """May this process serve chunk ``idx``? ``holders``: how many
-        neighbours announce it.
+    def allow(self, idx: int, holders: int, peer: str = "") -> str:
+        """May this process serve chunk ``idx`` (to ``peer``)? ``holders``: how
+        many neighbours announce it.
 
         ``ok`` (admit it, then call ``finished``), ``busy`` (queue full) or
         ``ask_others``: the seed has pushed this chunk more often than some
         other chunk and the swarm can relay it (a neighbour holds it or is
-        receiving it from us right now).
+        receiving it from us right now). That is advice, given each peer once
+        per chunk: a peer that asks again found no one else to serve it (the
+        neighbours that announce the chunk may be lying).
         """
         if self.admitted >= self.max_admitted:
             return "busy"
@@ -247,7 +338,11 @@ class UploadPolicy:
             self.is_seed
             and self.served[idx] > min(self.served)
             and (holders > 0 or self.uploading.get(idx, 0) > 0)
+            and (peer, idx) not in self.advised
         ):
+            if len(self.advised) >= MAX_ADVISED:  # bounded; forgetting only means advising again
+                self.advised.clear()
+            self.advised.add((peer, idx))
             return "ask_others"
         self.admitted += 1
         self.served[idx] += 1

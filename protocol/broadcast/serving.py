@@ -3,7 +3,8 @@
 One ``ChunkServer`` per engine. A chunk stream carries requests one after
 another until the requester closes it. Chunks go out through the process's
 upload token bucket, ``upload_slots`` at a time with a short queue behind
-(``UploadPolicy``), and the learner declines to push a chunk again before it
+(``UploadPolicy``); a requester that stops reading loses its upload after
+``stall_s``. The learner declines to push a chunk again before it
 has pushed every chunk as often (``ask_others``).
 """
 
@@ -18,7 +19,9 @@ from libp2p.abc import INetStream
 from protocol import codec, framing
 from protocol.broadcast.ratelimit import TokenBucket
 from protocol.broadcast.scheduler import UploadPolicy
+from protocol.errors import ProtocolError
 from protocol.messages import ChunkData, ChunkRequest, ErrorReply, Manifest, ManifestRequest
+from protocol.rpc import remote_peer
 
 if TYPE_CHECKING:
     from protocol.broadcast.engine import BroadcastEngine
@@ -64,7 +67,7 @@ class ChunkServer:
             )
             return
         policy = self._policy(req.version)
-        verdict = policy.allow(req.index, self._holders(req.version, req.index))
+        verdict = policy.allow(req.index, self._holders(req.version, req.index), remote_peer(stream))
         if verdict != "ok":
             await framing.send(stream, ErrorReply(verdict, "fetch it later or from another peer"))
             return
@@ -72,9 +75,19 @@ class ChunkServer:
         try:
             payload = codec.encode(ChunkData(e.job_id, req.version, req.index, data))
             async with self._slots:
-                await framing.write_frame(
-                    stream, payload, piece_size=e.config.piece_bytes, before_piece=self.bucket.take
-                )
+                # A requester that stops reading would hold an upload slot
+                # for ever: each piece must leave within stall_s.
+                with trio.CancelScope() as scope:
+
+                    async def paced(n: int) -> None:
+                        await self.bucket.take(n)
+                        scope.deadline = trio.current_time() + e.config.stall_s
+
+                    await framing.write_frame(
+                        stream, payload, piece_size=e.config.piece_bytes, before_piece=paced
+                    )
+            if scope.cancelled_caught:
+                raise ProtocolError(f"stopped reading chunk {req.index} of v{req.version}")
             ok = True
             e.stats.bytes_up += len(data)
             e.stats.chunks_up += 1

@@ -67,16 +67,26 @@ def test_done_and_complete():
 
 def test_seed_pushes_every_chunk_once_before_any_twice():
     p = UploadPolicy(n_chunks=3, max_admitted=10, is_seed=True)
-    assert p.allow(0, holders=0) == "ok"
-    assert p.allow(0, holders=0) == "ask_others"  # already on its way to someone
+    assert p.allow(0, holders=0, peer="a") == "ok"
+    assert p.allow(0, holders=0, peer="b") == "ask_others"  # already on its way to someone
     p.finished(0, ok=True)
-    assert p.allow(0, holders=1) == "ask_others"  # a neighbour holds it
+    assert p.allow(0, holders=1, peer="c") == "ask_others"  # a neighbour holds it
     assert p.allow(1, holders=0) == "ok" and p.allow(2, holders=0) == "ok"
     p.finished(1, ok=True)
     p.finished(2, ok=True)
     assert p.allow(0, holders=1) == "ok"  # every chunk went out once
     p.finished(0, ok=False)  # a failed copy does not count
     assert p.served == [1, 1, 1]
+
+
+def test_seed_advises_each_peer_once_per_chunk_then_serves():
+    # Neighbours that announce every chunk and serve none must not make the
+    # seed send a requester away for ever.
+    p = UploadPolicy(n_chunks=2, max_admitted=10, is_seed=True)
+    assert p.allow(0, holders=0, peer="a") == "ok"
+    assert p.allow(0, holders=4, peer="b") == "ask_others"
+    assert p.allow(0, holders=4, peer="c") == "ask_others"
+    assert p.allow(0, holders=4, peer="b") == "ok"  # b found no one else
 
 
 def test_seed_serves_again_a_chunk_nobody_holds():
@@ -91,3 +101,58 @@ def test_queue_bound():
     assert [p.allow(i, holders=5) for i in range(3)] == ["ok", "ok", "busy"]
     p.finished(0, ok=True)
     assert p.allow(3, holders=5) == "ok"
+
+
+def test_a_stalling_peer_is_dropped_for_the_version():
+    d = download(max_in_flight=1)
+    d.update_peer("staller", ALL)
+    [(peer, idx)] = d.next_requests(0.0)
+    d.on_failed(peer, idx, 0.0, stalled=True)
+    d.update_peer("staller", ALL)  # announcing again does not help
+    assert d.next_requests(100.0) == []
+    d.update_peer("seed", ALL)
+    assert [p for p, _ in d.next_requests(100.0)] == ["seed"]
+
+
+def test_endgame_asks_a_second_holder_for_an_old_request():
+    d = Download(2, {0}, seed="seed", config=SchedulerConfig(endgame_after_s=2.0), rng=random.Random(0))
+    d.update_peer("staller", frozenset({1}))
+    assert d.next_requests(0.0) == [("staller", 1)]
+    d.update_peer("seed", frozenset({0, 1}))
+    assert d.next_requests(1.0) == []  # too young for a copy
+    assert d.next_wakeup(1.0) == 2.0
+    assert d.next_requests(2.5) == [("seed", 1)]
+    assert d.next_requests(9.0) == []  # one copy at most
+    d.on_done("seed", 1)
+    assert d.complete
+    d.on_failed("staller", 1, 10.0, stalled=True)  # the first request ends later
+    assert d.in_flight == {} and d.duplicates == {}
+
+
+def test_the_endgame_copy_goes_to_the_seed_not_to_another_untried_announcer():
+    d = Download(2, {0}, seed="seed", config=SchedulerConfig(endgame_after_s=1.0), rng=random.Random(0))
+    for peer in ("staller1", "staller2", "seed"):
+        d.update_peer(peer, frozenset({0, 1}))
+    [(first, _)] = d.next_requests(0.0)
+    assert first != "seed"  # an untried peer first: it may relay
+    assert d.next_requests(2.0) == [("seed", 1)]  # not the other untried peer
+    d.on_failed("seed", 1, 2.1, declined=True)
+    assert d.next_requests(2.12) == []  # nor while the seed declines
+    assert d.next_requests(2.2) == [("seed", 1)]
+
+
+
+def test_the_endgame_waits_a_few_typical_request_times():
+    d = Download(4, set(), seed="seed", config=SchedulerConfig(endgame_factor=4.0), rng=random.Random(0))
+    d.update_peer("seed", ALL & frozenset(range(4)))
+    for peer, idx in d.next_requests(0.0)[:3]:
+        d.on_done(peer, idx, 0.1)  # typical requests take 0.1 s
+    assert d.endgame_after_s == 0.4
+
+
+def test_peers_that_served_us_before_are_asked_first():
+    d = download(max_in_flight=2, max_in_flight_per_peer=1)
+    d.trusted |= {"old friend", "seed"}
+    for peer in ("stranger", "old friend", "seed"):
+        d.update_peer(peer, ALL)
+    assert sorted(p for p, _ in d.next_requests(0.0)) == ["old friend", "seed"]

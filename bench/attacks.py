@@ -1,0 +1,210 @@
+"""Hostile peers against a real swarm: how much honest work survives each attack.
+
+Each scenario runs a fresh swarm of real processes on 127.0.0.1 (bootstrap,
+learner, 3 honest nodes), waits until every honest node has had a batch
+accepted, starts one attack (bench/attacker.py, its own process at ``nice
+19``: a real attacker burns its own machine's CPU, not ours), and counts the
+honest nodes' accepted batches in the learner's ledger over ``--window-s``
+seconds. The baseline is the same swarm with no attacker, run first and last
+in the same invocation; ``honest_retained`` is an attack's rate over the
+baselines' mean.
+
+Also checked per scenario: no honest process died, and every receipt an
+honest node holds has its row in the learner's ledger (``ledger_consistent``).
+
+    python bench/attacks.py --json            # ~10 minutes on 2 cores
+    python bench/attacks.py --only work_flood # one attack (and the baselines)
+
+Targets (issue 14): ``honest_retained >= 0.8`` for every attack, ``>= 0.9``
+for api_pollers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from localswarm import LocalSwarm, local_swarm  # noqa: E402
+
+from protocol.identity import load_or_create  # noqa: E402
+
+HONEST = 3
+ATTACKER = Path(__file__).resolve().parent / "attacker.py"
+
+# Attack name -> (attacker arguments, what it targets). ``{learner}`` is the
+# learner's libp2p host:port, ``{api}`` its HTTP API's host:port.
+ATTACKS: dict[str, list[str]] = {
+    "work_flood": ["--in-flight", "16"],
+    "sybil_requests": ["--identities", "8"],
+    "unanswered_prompts": [],
+    "stalling_chunk_peers": ["--identities", "4"],
+    "busy_flapping": ["--identities", "4"],
+    "idle_sockets": ["--sockets", "300", "--target", "{learner}"],
+    "api_pollers": ["--clients", "8", "--target", "{api}"],
+    "api_slowloris": ["--sockets", "64", "--target", "{api}"],
+}
+# Attacks that start before the honest nodes join (they must get in through it).
+BEFORE_JOIN = {"idle_sockets"}
+TARGET = {"api_pollers": 0.9}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def accepted_since(ledger: Path, peers: set[str], since_ms: int, until_ms: int) -> int:
+    with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True, timeout=30) as db:
+        rows = db.execute(
+            "SELECT peer, COUNT(*) FROM verdicts WHERE verdict = 'accepted' "
+            "AND created_ms >= ? AND created_ms < ? GROUP BY peer",
+            (since_ms, until_ms),
+        ).fetchall()
+    return sum(n for peer, n in rows if peer in peers)
+
+
+def wait_for(what: str, done, timeout_s: float, swarm: LocalSwarm) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        dead = {n: p.returncode for n, p in swarm.procs.items() if p.poll() is not None}
+        if dead:
+            raise RuntimeError(f"{what}: processes exited: {dead}; logs in {swarm.root}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not within {timeout_s} s; logs in {swarm.root}")
+        time.sleep(0.5)  # polling another process's files: there is no event to await
+
+
+def ledger_consistent(swarm: LocalSwarm, ledger: Path) -> bool:
+    """Every receipt an honest node wrote down has the same verdict in the ledger."""
+    with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True, timeout=30) as db:
+        verdicts = {bytes(h).hex(): v for h, v in db.execute("SELECT batch_hash, verdict FROM verdicts")}
+    for i in range(HONEST):
+        path = swarm.root / f"node{i}" / "receipts.jsonl"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            r = json.loads(line)
+            if verdicts.get(r["batch_hash"]) != r["verdict"]:
+                return False
+    return True
+
+
+def scenario(name: str, args: argparse.Namespace, root: Path) -> dict:
+    """One swarm, optionally one attack; the honest accepted-batch rate."""
+    with local_swarm(root) as swarm:
+        swarm.start_bootstrap()
+        learner_port, api_port = free_port(), free_port()
+        swarm.listen = f"/ip4/127.0.0.1/tcp/{learner_port}"
+        swarm.start_learner("--steps", "1000000", "--status-port", str(api_port))
+        swarm.listen = "/ip4/127.0.0.1/tcp/0"
+        ledger = root / "learner" / "ledger.sqlite"
+        honest = {load_or_create(root / f"node{i}" / "identity.key").peer_id_str for i in range(HONEST)}
+        wait_for("learner up", (root / "learner" / "api.json").exists, 120, swarm)
+
+        attacker = None
+        attack_log = root / "attacker.log"
+
+        def start_attack() -> subprocess.Popen:
+            fill = {"learner": f"127.0.0.1:{learner_port}", "api": f"127.0.0.1:{api_port}"}
+            extra = [a.format(**fill) for a in ATTACKS[name]]
+            return subprocess.Popen(
+                ["nice", "-n", "19", sys.executable, str(ATTACKER), name, "--bootstrap", swarm.bootstrap_addr,
+                 "--data-dir", str(root / "attacker"), *extra],
+                stdout=open(attack_log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+            )
+
+        try:
+            if name in BEFORE_JOIN:
+                attacker = start_attack()
+            for i in range(HONEST):
+                swarm.start_node(i, "--name", f"honest{i}")
+            wait_for(
+                "every honest node has a batch accepted",
+                lambda: all(accepted_since(ledger, {p}, 0, 2**62) > 0 for p in honest),
+                args.join_timeout_s, swarm,
+            )
+            if attacker is None and name != "baseline":
+                attacker = start_attack()
+            time.sleep(args.settle_s)  # let the attack take hold: it is measured, not awaited
+            start_ms = int(time.time() * 1000)
+            time.sleep(args.window_s)
+            end_ms = int(time.time() * 1000)
+            accepted = accepted_since(ledger, honest, start_ms, end_ms)
+            alive = all(swarm.procs[n].poll() is None for n in swarm.procs)
+        finally:
+            if attacker is not None:
+                attacker.kill()
+                attacker.wait()
+        codes = swarm.stop_all()
+    reports = [json.loads(x) for x in attack_log.read_text().splitlines() if x.startswith("{")] \
+        if attack_log.exists() else []
+    return {
+        "accepted_batches": accepted,
+        "rate_per_s": round(accepted / args.window_s, 3),
+        "honest_alive": alive,
+        "clean_exit": all(c == 0 for c in codes.values()),
+        "ledger_consistent": ledger_consistent(swarm, ledger),
+        **({"attacker": reports[-1]} if reports else {}),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print only the JSON result")
+    parser.add_argument("--only", action="append", choices=sorted(ATTACKS), help="run just these attacks")
+    parser.add_argument("--window-s", type=float, default=40.0, help="measurement window per scenario")
+    parser.add_argument("--settle-s", type=float, default=8.0, help="attack running before the window opens")
+    parser.add_argument("--join-timeout-s", type=float, default=180.0)
+    parser.add_argument("--keep", action="store_true", help="keep the run's logs (printed path)")
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="echo-attacks-"))
+    names = args.only or list(ATTACKS)
+    baselines = []
+    attacks: dict[str, dict] = {}
+    started = time.monotonic()
+
+    def run(name: str) -> dict:
+        if not args.json:
+            print(f"{name} ...", file=sys.stderr, flush=True)
+        result = scenario(name, args, root / f"{name}-{len(baselines)}-{len(attacks)}")
+        if not args.json:
+            print(f"  {json.dumps(result)}", file=sys.stderr, flush=True)
+        return result
+
+    baselines.append(run("baseline"))
+    for name in names:
+        attacks[name] = run(name)
+    baselines.append(run("baseline"))
+    base_rate = sum(b["rate_per_s"] for b in baselines) / len(baselines)
+    for name, result in attacks.items():
+        result["honest_retained"] = round(result["rate_per_s"] / base_rate, 3) if base_rate else 0.0
+        result["target"] = TARGET.get(name, 0.8)
+        result["met"] = result["honest_retained"] >= result["target"] and result["honest_alive"]
+    out = {
+        "honest_nodes": HONEST,
+        "window_s": args.window_s,
+        "baseline": {"rate_per_s": round(base_rate, 3), "runs": baselines},
+        "attacks": attacks,
+        "all_met": all(r["met"] for r in attacks.values()),
+        "cpus": os.cpu_count(),
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    if args.keep:
+        out["logs"] = str(root)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
