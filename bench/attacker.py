@@ -181,16 +181,31 @@ async def _fake_holder(node: Node, answer) -> None:  # type: ignore[no-untyped-d
 
 
 async def idle_sockets(args: argparse.Namespace) -> None:
-    """``--sockets`` TCP connections to ``--target host:port`` that send nothing."""
+    """``--sockets`` TCP connections to ``--target host:port`` that send nothing,
+    each reopened as soon as the target closes it."""
     host, port = args.target.rsplit(":", 1)
-    held = []
-    for _ in range(args.sockets):
-        try:
-            held.append(await trio.open_tcp_stream(host, int(port)))
-            count("open")
-        except OSError:
-            count("refused")
-    await report_forever(args)
+
+    async def hold() -> None:
+        while True:
+            try:
+                stream = await trio.open_tcp_stream(host, int(port))
+            except OSError:
+                count("refused")
+                await trio.sleep(0.5)
+                continue
+            count("opened")
+            async with stream:
+                try:
+                    while await stream.receive_some(65536):
+                        pass  # whatever the target says; we never answer
+                except trio.BrokenResourceError:
+                    pass
+            count("closed_by_target")
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(args.sockets):
+            nursery.start_soon(hold)
+        await report_forever(args)
 
 
 async def api_pollers(args: argparse.Namespace) -> None:

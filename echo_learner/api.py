@@ -2,12 +2,19 @@
 ``peers`` read, the status web page built on it, and Prometheus metrics.
 
 A deliberately small HTTP/1.1 server (h11 on trio): GET only, one request per
-connection, bounded request size, per-connection deadline and a cap on
-concurrent connections, so a stuck or hostile client cannot hold the learner.
-It binds to 127.0.0.1 unless told otherwise, and then answers only requests
-whose Host header names that address (or localhost): a web page elsewhere
-cannot read it through DNS rebinding. Handlers only read the learner's
-in-memory state and the ledger: serving never blocks training.
+connection, bounded request size, a deadline to send the request (slowloris)
+and one for the whole exchange, and a cap on concurrent connections, so a
+stuck or hostile client cannot hold the learner.
+
+No number of clients may slow training (which shares this process): every
+answer is computed at most once per ``SNAPSHOT_S`` and served from that
+snapshot meanwhile, and connections are accepted at most
+``MAX_REQUESTS_PER_S`` a second (the rest wait in the kernel's backlog). It binds to 127.0.0.1 unless told otherwise, and then answers only
+requests whose Host header names that address (or localhost): a web page
+elsewhere cannot read it through DNS rebinding. Bound beyond loopback, every
+path except the public summary (``/api/status`` and the page's own files)
+requires the API token (``Authorization: Bearer TOKEN``; the page takes it
+from its URL's ``#token=``).
 
     GET /api/status              job, version, step, mode, utilization, capacity
     GET /api/peers               one entry per known node
@@ -21,8 +28,11 @@ in-memory state and the ledger: serving never blocks training.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
+import secrets
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -34,6 +44,7 @@ import trio
 
 from echo_learner import metrics
 from protocol import codec
+from protocol.broadcast.ratelimit import TokenBucket
 from protocol.logs import event
 from protocol.messages import Receipt
 
@@ -43,12 +54,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 16 * 1024
+REQUEST_DEADLINE_S = 2.0  # to send the whole request head
 CONNECTION_DEADLINE_S = 10.0
 MAX_CONNECTIONS = 32
+MAX_REQUESTS_PER_S = 50.0  # connections accepted per second
+ACCEPT_RETRY_S = 0.1
+SNAPSHOT_S = 1.0
+MAX_SNAPSHOTS = 256
 MAX_LIMIT = 5000
 LINGER_S = 1.0
 MAX_LINGER_BYTES = 256 * 1024
-
+# Answered without the token when the server is bound beyond loopback.
+PUBLIC_PATHS = frozenset({"/", "/app.js", "/style.css", "/api/status"})
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 JSON = "application/json"
 # The page's files, read once: they ship inside the package.
@@ -146,30 +164,75 @@ def allowed_hosts(host: str, port: int) -> frozenset[str] | None:
     if host in ("", "0.0.0.0", "::"):
         return None
     names = {host}
-    if host in ("127.0.0.1", "::1", "localhost"):
-        names |= {"127.0.0.1", "::1", "localhost"}
+    if host in LOOPBACK:
+        names |= set(LOOPBACK)
     return frozenset(f"[{n}]:{port}" if ":" in n else f"{n}:{port}" for n in names)
 
 
-async def _handle(stream: trio.SocketStream, table: dict, hosts: frozenset[str] | None = None) -> None:
+class Snapshots:
+    """Each (method, target) answered at most once per ``max_age_s``: however
+    many clients poll, the learner's state is read a bounded number of times."""
+
+    def __init__(self, table: dict, max_age_s: float = SNAPSHOT_S, max_entries: int = MAX_SNAPSHOTS):
+        self.table = table
+        self.max_age_s = max_age_s
+        self.max_entries = max_entries
+        self._cache: dict[tuple[str, str], tuple[float, tuple[int, Body]]] = {}
+
+    def answer(self, method: str, target: str) -> tuple[int, Body]:
+        now = time.monotonic()
+        hit = self._cache.get((method, target))
+        if hit is not None and now - hit[0] < self.max_age_s:
+            return hit[1]
+        answer = respond(self.table, method, target)
+        if len(self._cache) >= self.max_entries:  # bounded: many distinct queries just miss
+            self._cache.clear()
+        self._cache[(method, target)] = (now, answer)
+        return answer
+
+
+@dataclass
+class Server:
+    """Everything a connection handler needs: the answers and the rules."""
+
+    snapshots: Snapshots
+    hosts: frozenset[str] | None = None  # Host headers answered (None: any)
+    token: str = ""  # required beyond PUBLIC_PATHS ("": none)
+
+    @classmethod
+    def for_table(cls, table: dict, **kwargs: Any) -> Server:
+        return cls(Snapshots(table), **kwargs)
+
+    def answer(self, request: h11.Request) -> tuple[int, Body]:
+        headers = dict(request.headers)
+        host = headers.get(b"host", b"").decode("latin-1").lower()
+        target = request.target.decode("latin-1")
+        if self.hosts is not None and host not in self.hosts:
+            return 421, _json({"error": f"this server does not answer for Host {host!r}"})
+        if self.token and urlsplit(target).path not in PUBLIC_PATHS:
+            given = headers.get(b"authorization", b"").decode("latin-1").removeprefix("Bearer ")
+            if not hmac.compare_digest(given.encode(), self.token.encode()):
+                return 401, _json({"error": "this path needs the API token (Authorization: Bearer TOKEN)"})
+        return self.snapshots.answer(request.method.decode(), target)
+
+
+async def _handle(stream: trio.SocketStream, server: Server) -> None:
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_BYTES)
-    while True:
-        try:
-            event_ = conn.next_event()
-        except h11.RemoteProtocolError as exc:  # malformed or oversized: say so, then close
-            status, body = exc.error_status_hint, _json({"error": str(exc)})
-            break
-        if event_ is h11.NEED_DATA:
-            conn.receive_data(await stream.receive_some(MAX_REQUEST_BYTES))
-            continue
-        if isinstance(event_, h11.Request):
-            host = dict(event_.headers).get(b"host", b"").decode("latin-1").lower()
-            if hosts is not None and host not in hosts:
-                status, body = 421, _json({"error": f"this server does not answer for Host {host!r}"})
-            else:
-                status, body = respond(table, event_.method.decode(), event_.target.decode("latin-1"))
-            break
-        return  # closed or something unexpected: nothing to answer
+    status, body = 408, _json({"error": f"request not sent within {REQUEST_DEADLINE_S} s"})
+    with trio.move_on_after(REQUEST_DEADLINE_S):
+        while True:
+            try:
+                event_ = conn.next_event()
+            except h11.RemoteProtocolError as exc:  # malformed or oversized: say so, then close
+                status, body = exc.error_status_hint, _json({"error": str(exc)})
+                break
+            if event_ is h11.NEED_DATA:
+                conn.receive_data(await stream.receive_some(MAX_REQUEST_BYTES))
+                continue
+            if isinstance(event_, h11.Request):
+                status, body = server.answer(event_)
+                break
+            return  # closed or something unexpected: nothing to answer
     headers = [
         ("content-type", body.content_type),
         ("content-length", str(len(body.data))),
@@ -178,9 +241,16 @@ async def _handle(stream: trio.SocketStream, table: dict, hosts: frozenset[str] 
         ("content-security-policy", PAGE_POLICY),
         ("connection", "close"),
     ]
-    await stream.send_all(conn.send(h11.Response(status_code=status, headers=headers)))
-    await stream.send_all(conn.send(h11.Data(data=body.data)))
-    await stream.send_all(conn.send(h11.EndOfMessage()))
+    try:
+        await stream.send_all(conn.send(h11.Response(status_code=status, headers=headers)))
+        await stream.send_all(conn.send(h11.Data(data=body.data)))
+        await stream.send_all(conn.send(h11.EndOfMessage()))
+    except h11.LocalProtocolError:
+        # A timed-out request that never got its head out: answer by hand.
+        await stream.send_all(
+            f"HTTP/1.1 {status} \r\ncontent-length: {len(body.data)}\r\nconnection: close\r\n\r\n".encode()
+            + body.data
+        )
     if status >= 400:
         await _linger(stream)
 
@@ -200,22 +270,42 @@ async def _linger(stream: trio.SocketStream) -> None:
 
 
 async def serve_api(
-    learner: Learner, host: str, port: int, *, task_status: Any = trio.TASK_STATUS_IGNORED
+    learner: Learner, host: str, port: int, token: str = "", *, task_status: Any = trio.TASK_STATUS_IGNORED
 ) -> None:
-    """Serve the API until cancelled; reports its URL once listening."""
+    """Serve the API until cancelled; reports its URL once listening (with
+    ``#token=`` when a token guards it). Bound beyond loopback with no token
+    given, it makes one up."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound_port = listeners[0].socket.getsockname()[1]
-    table = routes(learner)
-    hosts = allowed_hosts(host, bound_port)
+    if host not in LOOPBACK and not token:
+        token = secrets.token_urlsafe(24)
+    server = Server.for_table(routes(learner), hosts=allowed_hosts(host, bound_port), token=token)
     limiter = trio.CapacityLimiter(MAX_CONNECTIONS)
+    # Connections are accepted at most MAX_REQUESTS_PER_S a second: a flood
+    # waits in the kernel's backlog and costs this process nothing.
+    pace = TokenBucket(MAX_REQUESTS_PER_S, burst=int(MAX_REQUESTS_PER_S))
 
     async def handler(stream: trio.SocketStream) -> None:
         async with limiter, stream:
             with trio.move_on_after(CONNECTION_DEADLINE_S):
                 try:
-                    await _handle(stream, table, hosts)
+                    await _handle(stream, server)
                 except (h11.ProtocolError, trio.BrokenResourceError) as exc:
                     event(log, logging.DEBUG, "bad http request", error=exc)
 
-    task_status.started(f"http://{host}:{bound_port}/")
-    await trio.serve_listeners(handler, listeners)
+    async def accept_paced(listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        while True:
+            await pace.take(1)
+            try:
+                stream = await listener.accept()
+            except OSError as exc:  # e.g. out of file descriptors: wait for some to close
+                event(log, logging.WARNING, "status API cannot accept", error=exc)
+                await trio.sleep(ACCEPT_RETRY_S)
+                continue
+            nursery.start_soon(handler, stream)
+
+    url = f"http://{host}:{bound_port}/"
+    async with trio.open_nursery() as nursery:
+        for listener in listeners:
+            nursery.start_soon(accept_paced, listener, nursery)
+        task_status.started(url + (f"#token={token}" if token else ""))

@@ -212,8 +212,14 @@ def api_get(args: argparse.Namespace, path: str) -> Any:
             url = json.loads(api_file.read_text())["url"]
         except (OSError, ValueError, KeyError):
             fail(PROG, f"no running learner found ({api_file} missing); pass --url or --data-dir")
+    # A learner bound beyond loopback names its API token in the URL's fragment.
+    url, _, fragment = url.partition("#")
+    token = fragment.removeprefix("token=") if fragment.startswith("token=") else ""
+    request = urllib.request.Request(
+        url.rstrip("/") + path, headers={"Authorization": f"Bearer {token}"} if token else {}
+    )
     try:
-        with urllib.request.urlopen(url.rstrip("/") + path, timeout=10) as resp:
+        with urllib.request.urlopen(request, timeout=10) as resp:
             return json.loads(resp.read())
     except (urllib.error.URLError, OSError, ValueError) as exc:
         fail(PROG, f"the learner's status API at {url} did not answer: {exc}")

@@ -95,6 +95,10 @@ class LearnerConfig:
     max_peers_tracked: int = setting(10_000, "most peers whose statistics are kept in memory", lo=1)
     status_host: str = setting("127.0.0.1", "address of the local HTTP status API")
     status_port: int = setting(0, "port of the HTTP status API (0: any free port)", lo=0, hi=65535)
+    status_token: str = setting(
+        "", "token the status API asks for (all but the public summary) when bound beyond loopback "
+        "(default: a random one, printed in the status page's URL)"
+    )
     capacity_window_s: float = setting(
         60.0, "utilization is measured over this many recent seconds", lo=1
     )

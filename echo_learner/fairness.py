@@ -10,8 +10,11 @@ answered or expired:
   asked for work recently, and never less than one request's worth;
 - peers that have never had a batch accepted (newcomers, which cost an
   attacker nothing to make) share ``newcomer_share`` of the pool between them
-  while any proven peer is asking; with no proven peer around (a swarm that
-  is just starting) they are not held back.
+  while any proven peer is asking, on top of the pool (the prompt pool does
+  not count what they hold, so a step never waits on them); proven peers
+  then divide the pool among themselves alone, so a crowd of newcomers does
+  not shrink their shares. With no proven peer around (a swarm that is just
+  starting) newcomers are not held back.
 """
 
 from __future__ import annotations
@@ -36,10 +39,14 @@ def room(
     ``proven``: peers with at least one accepted batch; ``held``: live
     (unanswered, unexpired) prompts per peer.
     """
-    sharers = len(set(active) | {peer})
+    proven_active = {p for p in active if p in proven}
+    if peer in proven:
+        sharers = len(proven_active | {peer})
+    else:
+        sharers = len(set(active) | {peer})
     fair = max(per_request, -(-capacity // sharers))
     left = fair - held[peer]
-    if peer not in proven and any(p in proven for p in active):
+    if peer not in proven and proven_active:
         newcomers_cap = max(per_request, int(capacity * newcomer_share))
         left = min(left, newcomers_cap - sum(n for p, n in held.items() if p not in proven))
     return max(0, left)

@@ -99,6 +99,7 @@ class Ingest:
         self.pad_id = pad_id
         self.limits = limits
         pool.on_lapsed = self._lapsed
+        pool.provisional = self._provisional
         self.pool = pool
         self.policies = policies
         self.ledger = ledger
@@ -155,6 +156,15 @@ class Ingest:
         that takes prompts and never answers them is banned."""
         event(log, logging.INFO, "prompts expired unanswered", peer=peer)
         self.peers.strike(peer)
+
+    def _provisional(self, peer: str) -> bool:
+        """Prompts held by ``peer`` are extra to the pool: it has never had a
+        batch accepted while proven peers are at work (fairness caps what all
+        such peers hold together)."""
+        stats = self.peers.peers.get(peer)
+        if stats is not None and stats.accepted > 0:
+            return False
+        return any(s.accepted > 0 for s in self.peers.active(self.config.assignment_timeout_s))
 
     def _room_for(self, peer: str) -> int:
         """How many more prompts ``peer`` may hold now (echo_learner.fairness)."""

@@ -12,8 +12,9 @@ a training step takes them.
   outstanding plus buffered groups are below ``capacity``, and a step takes
   the oldest groups made with a version no older than current - S.
 
-Everything is bounded: ``capacity`` groups in flight or buffered, and at most
-``memory`` assignments remembered (older ones can only fail verification).
+Everything is bounded: ``capacity`` groups in flight or buffered (plus what
+``provisional`` peers hold), and at most ``memory`` assignments remembered
+(older ones can only fail verification).
 """
 
 from __future__ import annotations
@@ -76,6 +77,11 @@ class PromptPool:
         self._changed = trio.Event()
         # Told of each peer whose prompt expired unanswered (the learner strikes it).
         self.on_lapsed: Callable[[str], None] | None = None
+        # Peers whose prompts do not count against capacity: untried ones,
+        # which may never answer (the learner bounds how many they hold, see
+        # echo_learner/fairness.py). The pool hands out that many more, so a
+        # step never waits on them.
+        self.provisional: Callable[[str], bool] = lambda peer: False
 
     # --- handing out ---------------------------------------------------------
 
@@ -106,7 +112,8 @@ class PromptPool:
             return []
         now = trio.current_time()
         self._charge_lapses(now)
-        room = min(max_prompts, self.capacity - len(self.buffer) - self.outstanding())
+        counted = sum(n for holder, n in self.held().items() if not self.provisional(holder))
+        room = min(max_prompts, self.capacity - len(self.buffer) - counted)
         taken: list[Assignment] = []
         # Expired, still useful prompts first: a slow node must not starve a
         # step. Never back to a peer that already let it lapse.

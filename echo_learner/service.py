@@ -185,7 +185,7 @@ class Learner:
                 )
                 self.engine.have_listener = self._on_have
                 await nursery.start(self.engine.run)
-                api_url = await nursery.start(serve_api, self, cfg.status_host, cfg.status_port)
+                api_url = await nursery.start(serve_api, self, cfg.status_host, cfg.status_port, cfg.status_token)
                 # Atomically: `status`, the demo and tests read it while we run.
                 write_atomic(cfg.api_path, json.dumps({"url": api_url, "pid": os.getpid()}))
                 await self.publish(first_version=resumed_version)

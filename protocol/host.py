@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import resource
 from collections.abc import Callable, Sequence
 
 import multiaddr
@@ -54,6 +55,31 @@ def check_addrs(listen: Sequence[str], bootstrap: Sequence[str]) -> None:
         parse_peer_addr(text)
 
 
+# Connection limits. py-libp2p counts a connection against its inbound cap
+# (max_connections - min_connections) from accept on, before the handshake:
+# a few hundred idle sockets would fill its default 250 slots and keep honest
+# dials out. So: room for ~1,000 connections, and a socket that has not
+# finished its Noise handshake within 3 s (loopback takes milliseconds, a
+# slow link a few round trips) is closed. One connection per peer.
+CONNECTIONS = ConnectionConfig(
+    max_connections=1024,
+    high_watermark=960,  # trimming starts here
+    max_connections_per_peer=1,
+    inbound_upgrade_timeout=3.0,
+)
+# File descriptors the process asks for (each connection takes one).
+WANTED_FDS = 4096
+
+
+def raise_fd_limit() -> None:
+    """Lift the soft open-file limit (often 1,024) toward WANTED_FDS, so that the
+    connection cap, not the OS, decides who gets in."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = WANTED_FDS if hard == resource.RLIM_INFINITY else min(WANTED_FDS, hard)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
 def make_host(
     identity: Identity,
     listen: Sequence[str],
@@ -63,6 +89,7 @@ def make_host(
     (wildcards expanded) plus what ``extra_addrs()`` returns at the time
     (relayed addresses come and go with reservations, a port mapping's
     public address once a dial-back confirmed it)."""
+    raise_fd_limit()
     key_pair = identity.key_pair
     addrs = [parse_multiaddr(a) for a in listen]
     noise = NoiseTransport(key_pair, noise_privkey=new_x25519_key_pair().private_key)
@@ -70,7 +97,7 @@ def make_host(
         key_pair=key_pair,
         sec_opt={NOISE_PROTOCOL_ID: noise},
         muxer_opt=create_yamux_muxer_option(),
-        connection_config=ConnectionConfig(max_connections_per_peer=1),
+        connection_config=CONNECTIONS,
         # Pass the listen addresses here too, or their transport is skipped
         # silently (pitfall 11).
         listen_addrs=addrs,

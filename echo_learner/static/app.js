@@ -8,8 +8,13 @@ const SVG = "http://www.w3.org/2000/svg";
 // What a node's AutoNAT check found, in words.
 const REACH = { public: "public", private: "behind NAT", unknown: "not yet known" };
 
+// A learner bound beyond loopback wants its API token: the URL it prints
+// carries it after "#token=" (a fragment never leaves the browser).
+const TOKEN = new URLSearchParams(location.hash.slice(1)).get("token");
+
 async function getJSON(path) {
-  const resp = await fetch(path, { cache: "no-store" });
+  const headers = TOKEN ? { Authorization: `Bearer ${TOKEN}` } : {};
+  const resp = await fetch(path, { cache: "no-store", headers });
   if (!resp.ok) throw new Error(`${path}: HTTP ${resp.status}`);
   return resp.json();
 }

@@ -4,7 +4,18 @@ import json
 
 import trio
 
-from echo_learner.api import JSON, MAX_REQUEST_BYTES, BadRequest, Body, _handle, allowed_hosts, respond
+import echo_learner.api as api
+from echo_learner.api import (
+    JSON,
+    MAX_REQUEST_BYTES,
+    BadRequest,
+    Body,
+    Server,
+    Snapshots,
+    _handle,
+    allowed_hosts,
+    respond,
+)
 
 
 def boom(query):
@@ -28,14 +39,15 @@ def test_respond_routes_and_maps_errors_to_status_codes():
     assert respond(TABLE, "GET", "/api/boom") == (500, Body(JSON, b'{"error": "internal error"}'))
 
 
-async def _exchange(raw: bytes, hosts=None) -> bytes:
+async def _exchange(raw: bytes, hosts=None, token="", server=None) -> bytes:
+    server = server or Server.for_table(TABLE, hosts=hosts, token=token)
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
     async with trio.open_nursery() as nursery:
         async def handler(stream):
             async with stream:
                 try:
-                    await _handle(stream, TABLE, hosts)
+                    await _handle(stream, server)
                 except Exception:
                     pass  # the server logs and drops a bad request; the test reads what arrived
         await nursery.start(trio.serve_listeners, handler, listeners)
@@ -79,3 +91,45 @@ async def test_only_the_bound_address_is_answered_against_dns_rebinding():
     for host in (b"evil.example:8123", b"127.0.0.1:80", b"localhost"):
         reply = await _exchange(b"GET /api/ok HTTP/1.1\r\nHost: " + host + b"\r\n\r\n", hosts)
         assert reply.startswith(b"HTTP/1.1 421") and b'"ok"' not in reply, reply
+
+
+async def test_beyond_loopback_only_the_public_summary_is_answered_without_the_token():
+    table = {**TABLE, "/api/status": lambda q: {"summary": 1}}
+    server = Server.for_table(table, token="s3cret")
+    ask = lambda path, extra=b"": _exchange(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n" + extra + b"\r\n", server=server)
+    assert (await ask(b"/api/status")).startswith(b"HTTP/1.1 200")
+    assert (await ask(b"/api/ok")).startswith(b"HTTP/1.1 401")
+    assert (await ask(b"/api/ok", b"Authorization: Bearer wrong\r\n")).startswith(b"HTTP/1.1 401")
+    assert (await ask(b"/api/ok", b"Authorization: Bearer s3cret\r\n")).startswith(b"HTTP/1.1 200")
+
+
+async def test_a_request_dripped_byte_by_byte_is_cut_off(monkeypatch):
+    monkeypatch.setattr(api, "REQUEST_DEADLINE_S", 0.3)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    server = Server.for_table(TABLE)
+    async with trio.open_nursery() as nursery:
+        async def handler(stream):
+            async with stream:
+                await _handle(stream, server)
+        await nursery.start(trio.serve_listeners, handler, listeners)
+        client = await trio.open_tcp_stream("127.0.0.1", port)
+        await client.send_all(b"GET /api/ok HTTP/1.1\r\n")  # and nothing more
+        data = b""
+        with trio.fail_after(5):
+            while chunk := await client.receive_some(65536):
+                data += chunk
+        nursery.cancel_scope.cancel()
+    assert data.startswith(b"HTTP/1.1 408"), data
+
+
+def test_answers_come_from_a_snapshot_at_most_once_a_second():
+    calls = []
+    snapshots = Snapshots({"/api/x": lambda q: calls.append(1) or {"n": len(calls)}}, max_age_s=60)
+    first = snapshots.answer("GET", "/api/x")
+    assert all(snapshots.answer("GET", "/api/x") == first for _ in range(100))
+    assert len(calls) == 1
+    expired = Snapshots(snapshots.table, max_age_s=0)
+    expired.answer("GET", "/api/x"), expired.answer("GET", "/api/x")
+    assert len(calls) == 3
+

@@ -30,6 +30,7 @@ def test_fresh_identities_share_a_small_pool_while_proven_peers_ask():
     active, proven = ["h1", "h2", "h3", *sybils], ["h1", "h2", "h3"]
     held = Counter(s0=2, s1=2)  # newcomers' share of 16 x 0.25 = 4 is taken
     assert room("s2", active=active, proven=proven, held=held, **POOL) == 0
-    assert room("h1", active=active, proven=proven, held=held, **POOL) == 4
+    # Proven peers divide the pool among themselves: 16 / 3, not 16 / 11.
+    assert room("h1", active=active, proven=proven, held=held, **POOL) == 6
     # A swarm that is just starting has no proven peer: nobody is held back.
     assert room("s2", active=sybils, proven=[], held=held, **POOL) == 4

@@ -60,3 +60,36 @@ async def test_wildcard_listen_address_is_printed_as_dialable_addresses():
     assert addrs and not any("0.0.0.0" in a for a in addrs)
     assert any(a.startswith("/ip4/127.0.0.1/tcp/") for a in addrs)
     assert all(a.endswith("/p2p/" + host.get_id().to_base58()) for a in addrs)
+
+
+IDLE_SOCKETS = 300
+
+
+async def test_an_honest_dial_gets_in_while_hundreds_of_idle_sockets_are_open():
+    server = make_host(Identity.generate(), [LOOPBACK])
+
+    async def handler(stream):
+        await framing.send(stream, ErrorReply("hello", "still serving"))
+        await stream.close()
+
+    server.set_stream_handler("/test/1", handler)
+    honest = make_host(Identity.generate(), [LOOPBACK])
+    addr = parse_multiaddr(LOOPBACK)
+    async with server.run([addr]), honest.run([addr]):
+        target = info_from_p2p_addr(parse_multiaddr(full_addrs(server)[0]))
+        port = int(target.addrs[0].value_for_protocol("tcp"))
+        idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(IDLE_SOCKETS)]
+        try:
+            with trio.fail_after(20):
+                await honest.connect(target)
+                stream = await honest.new_stream(target.peer_id, ["/test/1"])
+                reply = await framing.receive(stream, ErrorReply)
+            assert reply.message == "still serving"
+            # The idle ones are closed once the handshake deadline has passed.
+            with trio.fail_after(15):
+                assert await idle[0].receive_some(1024)  # the server's multistream hello
+                while await idle[0].receive_some(1024):
+                    pass
+        finally:
+            for s in idle:
+                await s.aclose()
