@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from echo_learner.verify import (
     BANNED,
     MALFORMED,
     OUT_OF_WINDOW,
+    TOO_MANY_REQUESTS,
     Limits,
     Policies,
     Window,
@@ -111,6 +113,7 @@ class Ingest:
         # Nonces of batches being verified right now: a copy sent while the
         # first is in its log-prob check must not pass the replay check.
         self._verifying: set[tuple[str, bytes]] = set()
+        self._asking: Counter[str] = Counter()  # work requests under way per peer
 
     def window(self) -> Window:
         """Versions a rollout may be made with now: the staleness window, within
@@ -130,6 +133,22 @@ class Ingest:
         if req.job_id != self.job_id:
             await framing.send(stream, ErrorReply("unknown_job", f"this learner runs {self.job_id}"))
             return
+        if self._asking[peer] >= self.config.max_work_requests:
+            await framing.send(stream, ErrorReply(
+                TOO_MANY_REQUESTS, f"at most {self.config.max_work_requests} work requests at a time"
+            ))
+            return
+        self._asking[peer] += 1
+        try:
+            await self._long_poll(stream, peer, req)
+        finally:
+            self._asking[peer] -= 1
+            if not self._asking[peer]:
+                del self._asking[peer]
+
+    async def _long_poll(self, stream: INetStream, peer: str, req: WorkRequest) -> None:
+        """Answer ``req`` with prompts as soon as ``peer`` may have some, or with
+        NoWork after ``long_poll_s``."""
         with trio.move_on_after(self.config.long_poll_s):
             while True:
                 if self.peers.banned(peer):  # checked again after each wait: bans come mid-wait
@@ -142,6 +161,14 @@ class Ingest:
                 taken = self.pool.take(peer, wanted, version) if wanted else []
                 if taken:
                     await framing.send(stream, self._assignment(version, taken))
+                    return
+                if self._provisional(peer):
+                    # A newcomer waits elsewhere: a crowd of them long-polling
+                    # here would cost the learner a wake-up each per pool change.
+                    await framing.send(stream, NoWork(
+                        self.job_id, max(version, 0), retry_after_ms=int(self.config.newcomer_retry_s * 1000),
+                        reason="the prompts for new peers are taken; ask again later",
+                    ))
                     return
                 # An expiring prompt frees room too, and nothing announces it.
                 with trio.move_on_at(self.pool.next_expiry() + 0.01):

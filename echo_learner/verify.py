@@ -30,6 +30,7 @@ from protocol.messages import RolloutBatch
 ACCEPTED = "ok"
 MALFORMED = "malformed"
 BANNED = "banned"
+TOO_MANY_REQUESTS = "too_many_requests"  # more work requests at once than allowed (no strike)
 WRONG_SIGNER = "wrong_signer"
 BAD_SIGNATURE = "bad_signature"
 WRONG_JOB = "wrong_job"
