@@ -70,8 +70,8 @@ class LearnerConfig:
         2, "work requests one peer may have waiting at once (more are refused)", lo=1, hi=64
     )
     newcomer_retry_s: float = setting(
-        2.0, "when the prompts for peers with no accepted batch yet are taken, they ask again after this",
-        lo=0.1,
+        2.0, "while the prompts for peers with no accepted batch yet are taken, their waiting work "
+        "requests look again this often", lo=0.1,
     )
     long_poll_s: float = setting(
         10.0, "seconds a work request waits for prompts before the answer 'no work'", lo=0

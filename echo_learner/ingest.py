@@ -60,6 +60,8 @@ from protocol.rpc import remote_peer, route
 
 log = logging.getLogger(__name__)
 
+REFUSALS_PER_STRIKE = 10
+
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -114,6 +116,9 @@ class Ingest:
         # first is in its log-prob check must not pass the replay check.
         self._verifying: set[tuple[str, bytes]] = set()
         self._asking: Counter[str] = Counter()  # work requests under way per peer
+        # Work requests refused for being over the limit, per peer (bounded:
+        # cleared past max_peers_tracked peers).
+        self._refusals: Counter[str] = Counter()
 
     def window(self) -> Window:
         """Versions a rollout may be made with now: the staleness window, within
@@ -134,6 +139,13 @@ class Ingest:
             await framing.send(stream, ErrorReply("unknown_job", f"this learner runs {self.job_id}"))
             return
         if self._asking[peer] >= self.config.max_work_requests:
+            # An honest node never gets here; a peer that keeps trying does,
+            # and each REFUSALS_PER_STRIKE-th refusal is a strike.
+            if len(self._refusals) >= self.config.max_peers_tracked:
+                self._refusals.clear()
+            self._refusals[peer] += 1
+            if self._refusals[peer] % REFUSALS_PER_STRIKE == 0:
+                self.peers.strike(peer)
             await framing.send(stream, ErrorReply(
                 TOO_MANY_REQUESTS, f"at most {self.config.max_work_requests} work requests at a time"
             ))
@@ -163,13 +175,11 @@ class Ingest:
                     await framing.send(stream, self._assignment(version, taken))
                     return
                 if self._provisional(peer):
-                    # A newcomer waits elsewhere: a crowd of them long-polling
-                    # here would cost the learner a wake-up each per pool change.
-                    await framing.send(stream, NoWork(
-                        self.job_id, max(version, 0), retry_after_ms=int(self.config.newcomer_retry_s * 1000),
-                        reason="the prompts for new peers are taken; ask again later",
-                    ))
-                    return
+                    # A newcomer looks again only every newcomer_retry_s: a
+                    # crowd of them woken at every pool change would cost the
+                    # learner more than they bring.
+                    await trio.sleep(self.config.newcomer_retry_s)
+                    continue
                 # An expiring prompt frees room too, and nothing announces it.
                 with trio.move_on_at(self.pool.next_expiry() + 0.01):
                     await self.pool.wait_changed()

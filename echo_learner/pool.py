@@ -79,8 +79,8 @@ class PromptPool:
         self.on_lapsed: Callable[[str], None] | None = None
         # Peers whose prompts do not count against capacity: untried ones,
         # which may never answer (the learner bounds how many they hold, see
-        # echo_learner/fairness.py). The pool hands out that many more, so a
-        # step never waits on them.
+        # echo_learner/fairness.py). They are handed prompts beyond capacity,
+        # so a step never waits on them and they are never crowded out.
         self.provisional: Callable[[str], bool] = lambda peer: False
 
     # --- handing out ---------------------------------------------------------
@@ -112,8 +112,11 @@ class PromptPool:
             return []
         now = trio.current_time()
         self._charge_lapses(now)
-        counted = sum(n for holder, n in self.held().items() if not self.provisional(holder))
-        room = min(max_prompts, self.capacity - len(self.buffer) - counted)
+        if self.provisional(peer):
+            room = max_prompts  # extra to the pool; the caller bounds what such peers hold
+        else:
+            counted = sum(n for holder, n in self.held().items() if not self.provisional(holder))
+            room = min(max_prompts, self.capacity - len(self.buffer) - counted)
         taken: list[Assignment] = []
         # Expired, still useful prompts first: a slow node must not starve a
         # step. Never back to a peer that already let it lapse.

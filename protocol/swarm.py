@@ -20,6 +20,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.tools.anyio_service import background_trio_service
 
+from protocol.dht_limits import bound_dht
 from protocol.dial import HolePuncher, dial
 from protocol.host import make_host, parse_multiaddr, parse_peer_addr
 from protocol.identity import Identity
@@ -225,6 +226,7 @@ async def open_swarm(
         # are refused, not stored (anyone could otherwise fill our memory).
         dht = KadDHT(host, DHTMode.SERVER if server else DHTMode.CLIENT, strict_validation=True)
         dht.register_validator(DHT_NAMESPACE, ManifestRecordValidator())
+        bound_dht(dht)  # and what passes is bounded in size and count
         await stack.enter_async_context(background_trio_service(dht))
         swarm = Swarm(host, dht, public_addrs=public_addrs)
         if upnp:

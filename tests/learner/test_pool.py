@@ -17,6 +17,7 @@ async def test_prompts_held_by_provisional_peers_do_not_count_against_capacity()
     assert len(p.take("newcomer", 2, version=0)) == 2  # may never answer
     assert len(p.take("honest", 8, version=0)) == 4  # the step still gets all it needs
     assert p.take("honest2", 8, version=0) == []  # and no more
+    assert len(p.take("newcomer2", 2, version=0)) == 2  # newcomers are not crowded out (the learner caps them)
 
 
 async def test_without_provisional_peers_the_pool_is_bounded_by_capacity():

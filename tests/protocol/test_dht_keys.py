@@ -34,3 +34,30 @@ async def test_a_peer_cannot_store_records_under_namespaces_we_do_not_validate()
                     await lax.put_value(key, b"x" * 100)
                     assert lax.value_store.get(key.encode()) is not None  # the lax peer kept it
                     assert ours.dht.value_store.get(key.encode()) is None  # we did not
+
+
+def test_what_peers_make_us_store_is_bounded():
+    from libp2p.kad_dht.provider_store import ProviderStore
+    from libp2p.kad_dht.value_store import ValueStore
+    from libp2p.kad_dht.pb.kademlia_pb2 import Record
+
+    from protocol.dht_limits import bound_provider_store, bound_value_store
+
+    host = make_host(Identity.generate(), [LOOPBACK])
+    values = ValueStore(host, host.get_id())
+    bound_value_store(values, max_bytes=10_000)
+    for i in range(50):
+        values.put_record(f"/echo-swarm/k{i}".encode(), Record(key=b"k", value=b"x" * 1000))
+    assert sum(len(r.value) for r, _ in values.store.values()) <= 10_000
+    assert b"/echo-swarm/k49" in values.store and b"/echo-swarm/k0" not in values.store  # oldest go first
+
+    providers = ProviderStore(host)
+    bound_provider_store(providers, max_keys=8, max_per_provider=3)
+    spammer = PeerInfo(Identity.generate().peer_id, [parse_multiaddr("/ip4/127.0.0.1/tcp/1")])
+    for i in range(10):
+        providers.add_provider(f"junk{i}".encode(), spammer)
+    assert sum(str(spammer.peer_id) in p for p in providers.providers.values()) == 3
+    honest = [PeerInfo(Identity.generate().peer_id, [parse_multiaddr("/ip4/127.0.0.1/tcp/2")]) for _ in range(8)]
+    for i, peer in enumerate(honest):
+        providers.add_provider(f"key{i}".encode(), peer)
+    assert len(providers.providers) == 8  # the stalest keys made room
