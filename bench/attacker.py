@@ -3,7 +3,7 @@
 Each attack is what a stranger could do with ``docs/protocol.md`` and our own
 code: the attackers here are built from the node's classes, talking to the
 swarm over real libp2p and HTTP. Run as its own process (bench/attacks.py
-starts it with ``nice 19``: on a real swarm the attacker's CPU is its own
+starts it under SCHED_IDLE: on a real swarm the attacker's CPU is its own
 machine's, not the victims'). Prints one JSON line per ``--report-every-s``
 with what it got (prompts, bans, requests answered), and runs until killed.
 

@@ -2,8 +2,8 @@
 
 Each scenario runs a fresh swarm of real processes on 127.0.0.1 (bootstrap,
 learner, 3 honest nodes), waits until every honest node has had a batch
-accepted, starts one attack (bench/attacker.py, its own process at ``nice
-19``: a real attacker burns its own machine's CPU, not ours), and counts the
+accepted, starts one attack (bench/attacker.py, its own process under
+SCHED_IDLE: a real attacker burns its own machine's CPU, not ours), and counts the
 honest nodes' accepted batches in the learner's ledger over ``--window-s``
 seconds. The baseline is the same swarm with no attacker, run first and last
 in the same invocation; ``honest_retained`` is an attack's rate over the
@@ -76,6 +76,22 @@ def accepted_since(ledger: Path, peers: set[str], since_ms: int, until_ms: int) 
     return sum(n for peer, n in rows if peer in peers)
 
 
+def idle_priority() -> None:
+    """Run the attacker only on CPU time nobody else wants (SCHED_IDLE): on a
+    real swarm it burns its own machine, and on this 2-core one even a nice-19
+    process slows torch's threads by sharing their cores."""
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a process has used so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wait_for(what: str, done, timeout_s: float, swarm: LocalSwarm) -> None:
     deadline = time.monotonic() + timeout_s
     while not done():
@@ -119,9 +135,10 @@ def scenario(name: str, args: argparse.Namespace, root: Path) -> dict:
             fill = {"learner": f"127.0.0.1:{learner_port}", "api": f"127.0.0.1:{api_port}"}
             extra = [a.format(**fill) for a in ATTACKS[name]]
             return subprocess.Popen(
-                ["nice", "-n", "19", sys.executable, str(ATTACKER), name, "--bootstrap", swarm.bootstrap_addr,
+                [sys.executable, str(ATTACKER), name, "--bootstrap", swarm.bootstrap_addr,
                  "--data-dir", str(root / "attacker"), *extra],
                 stdout=open(attack_log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=idle_priority,
             )
 
         try:
@@ -137,9 +154,13 @@ def scenario(name: str, args: argparse.Namespace, root: Path) -> dict:
             if attacker is None and name != "baseline":
                 attacker = start_attack()
             time.sleep(args.settle_s)  # let the attack take hold: it is measured, not awaited
+            pids = {n: p.pid for n, p in swarm.procs.items()} | ({"attacker": attacker.pid} if attacker else {})
+            cpu_before = {n: cpu_s(pid) for n, pid in pids.items()}
             start_ms = int(time.time() * 1000)
             time.sleep(args.window_s)
             end_ms = int(time.time() * 1000)
+            # Where the machine's CPU went during the window (cores busy, per process).
+            cpu = {n: round((cpu_s(pid) - cpu_before[n]) / args.window_s, 2) for n, pid in pids.items()}
             accepted = accepted_since(ledger, honest, start_ms, end_ms)
             alive = all(swarm.procs[n].poll() is None for n in swarm.procs)
         finally:
@@ -155,6 +176,7 @@ def scenario(name: str, args: argparse.Namespace, root: Path) -> dict:
         "honest_alive": alive,
         "clean_exit": all(c == 0 for c in codes.values()),
         "ledger_consistent": ledger_consistent(swarm, ledger),
+        "cpu_cores": cpu,
         **({"attacker": reports[-1]} if reports else {}),
     }
 

@@ -9,9 +9,11 @@ stuck or hostile client cannot hold the learner.
 No number of clients may slow training (which shares this process): every
 answer is computed at most once per ``SNAPSHOT_S`` and served from that
 snapshot meanwhile, and connections are accepted at most
-``MAX_REQUESTS_PER_S`` a second (the rest wait in the kernel's backlog). It binds to 127.0.0.1 unless told otherwise, and then answers only
-requests whose Host header names that address (or localhost): a web page
-elsewhere cannot read it through DNS rebinding. Bound beyond loopback, every
+``MAX_REQUESTS_PER_S`` a second (the rest wait in the kernel's backlog).
+
+It binds to 127.0.0.1 unless told otherwise, and then answers only requests
+whose Host header names that address (or localhost): a web page elsewhere
+cannot read it through DNS rebinding. Bound beyond loopback, every
 path except the public summary (``/api/status`` and the page's own files)
 requires the API token (``Authorization: Bearer TOKEN``; the page takes it
 from its URL's ``#token=``).

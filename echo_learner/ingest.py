@@ -195,9 +195,9 @@ class Ingest:
         self.peers.strike(peer)
 
     def _provisional(self, peer: str) -> bool:
-        """Prompts held by ``peer`` are extra to the pool: it has never had a
-        batch accepted while proven peers are at work (fairness caps what all
-        such peers hold together)."""
+        """Is ``peer`` a newcomer (no batch accepted yet) while proven peers are
+        at work? Its prompts are then extra to the pool, and fairness caps
+        what all such peers hold together."""
         stats = self.peers.peers.get(peer)
         if stats is not None and stats.accepted > 0:
             return False
@@ -323,8 +323,8 @@ class Ingest:
         self.meter.on_verify(time.monotonic() - started, sum(len(g.completions) for g in batch.groups))
         reason = check_logprobs(error, batch.dtype)
         if reason is not None:
-            event(log, logging.INFO, "log-probs differ", peer=sender, dtype=batch.dtype,
-                  worst=f"{error.worst:.3g}", mean=f"{error.mean:.3g}")
+            event(log, logging.INFO, "log-prob check failed", peer=sender, reason=reason, dtype=batch.dtype,
+                  worst=f"{error.worst:.3g}", mean=f"{error.mean:.3g}", surprise_z=f"{error.surprise_z:.2f}")
             return reason
         return recheck(batch, sender, self.pool, self.window())
 

@@ -9,6 +9,7 @@ the log-softmax of the raw logits (temperature 1); tests hold them equal.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -50,6 +51,27 @@ def spread(values: Sequence[Sequence[float]], prompts: Sequence[Sequence[int]], 
     return out
 
 
+@dataclass(frozen=True)
+class TokenStats:
+    """Per sampled token of one completion, under the learner's model: the
+    token's log-prob, and the entropy and variance of ``-log p`` of the whole
+    distribution it was sampled from (what an honest temperature-1 sample's
+    surprise averages to, and how much it spreads)."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    variance: torch.Tensor
+
+
+def _spread_stats(lp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entropy and variance of ``-log p`` for log-prob rows ``lp`` [..., vocab]."""
+    p = lp.exp()
+    plogp = torch.xlogy(p, p)  # 0 where p underflows to 0
+    entropy = -plogp.sum(-1)
+    second = torch.nan_to_num(plogp * lp, nan=0.0).sum(-1)
+    return entropy, (second - entropy * entropy).clamp(min=0.0)
+
+
 @torch.no_grad()
 def grouped_logprobs(
     model: torch.nn.Module,
@@ -57,7 +79,18 @@ def grouped_logprobs(
     groups: Sequence[Sequence[Sequence[int]]],
     pad_id: int,
 ) -> list[list[torch.Tensor]]:
-    """Log-probs of every completion's tokens; ``groups[g]`` all continue ``prompts[g]``.
+    """Log-probs of every completion's tokens; ``groups[g]`` all continue ``prompts[g]``."""
+    return [[s.logprobs for s in g] for g in grouped_token_stats(model, prompts, groups, pad_id)]
+
+
+@torch.no_grad()
+def grouped_token_stats(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    groups: Sequence[Sequence[Sequence[int]]],
+    pad_id: int,
+) -> list[list[TokenStats]]:
+    """``TokenStats`` of every completion; ``groups[g]`` all continue ``prompts[g]``.
 
     Verification's shape: a GRPO group is many completions of one prompt, so
     each prompt goes through the model once and its KV cache is shared by its
@@ -75,11 +108,14 @@ def grouped_logprobs(
     positions = (seen.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=seen, position_ids=positions, use_cache=True)
     first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # predicts each completion's token 0
+    first_h, first_v = _spread_stats(first)
 
     sizes = [len(group) for group in groups]
     rows = [(g, c) for g, group in enumerate(groups) for c in group]
     width = max(len(c) for _, c in rows)
-    result = [first[g, c[0]].reshape(1) for g, c in rows]
+    result = [
+        (first[g, c[0]].reshape(1), first_h[g].reshape(1), first_v[g].reshape(1)) for g, c in rows
+    ]
     if width > 1:
         tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
         present = torch.zeros((len(rows), width), dtype=torch.long)
@@ -96,10 +132,16 @@ def grouped_logprobs(
         logits = model(
             input_ids=tokens[:, :-1], attention_mask=attention, position_ids=steps, past_key_values=cache
         ).logits
-        rest = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
-        result = [torch.cat([result[i], rest[i, : len(c) - 1]]) for i, (_, c) in enumerate(rows)]
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        rest = lp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+        rest_h, rest_v = _spread_stats(lp)
+        result = [
+            tuple(torch.cat([head, tail[i, : len(c) - 1]]) for head, tail in zip(result[i], (rest, rest_h, rest_v)))
+            for i, (_, c) in enumerate(rows)
+        ]
+    stats = [TokenStats(*r) for r in result]
     out_groups, i = [], 0
     for size in sizes:
-        out_groups.append(result[i : i + size])
+        out_groups.append(stats[i : i + size])
         i += size
     return out_groups

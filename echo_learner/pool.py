@@ -112,15 +112,17 @@ class PromptPool:
             return []
         now = trio.current_time()
         self._charge_lapses(now)
-        if self.provisional(peer):
+        provisional = self.provisional(peer)
+        if provisional:
             room = max_prompts  # extra to the pool; the caller bounds what such peers hold
         else:
             counted = sum(n for holder, n in self.held().items() if not self.provisional(holder))
             room = min(max_prompts, self.capacity - len(self.buffer) - counted)
         taken: list[Assignment] = []
         # Expired, still useful prompts first: a slow node must not starve a
-        # step. Never back to a peer that already let it lapse.
-        for a in self.assignments.values():
+        # step. Never back to a peer that already let it lapse, nor to an
+        # untried one (it may let it lapse again).
+        for a in self.assignments.values() if not provisional else ():
             if len(taken) >= room:
                 break
             if not a.answered and a.deadline < now and a.version >= self.min_version and peer not in a.holders:

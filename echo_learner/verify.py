@@ -4,23 +4,26 @@ The checks run in a fixed order, cheapest and most telling first, and the
 first failure is the receipt's reason:
 
     size and schema (the codec, before this module)
-    -> signature -> job id -> prompts assigned to this node -> policy version
+    -> signature -> job id -> a backend and dtype we support -> prompts
+    assigned to this node -> policy version
     inside the staleness window -> nonce not seen before -> token ids and
     lengths, nothing after a stop token -> assignment still this node's and
     unanswered
-    -> log-probs recomputed by the learner (``check_logprobs``, in a thread)
+    -> log-probs recomputed by the learner, then the sampled tokens'
+    plausibility as temperature-1 samples (``check_logprobs``, in a thread)
 
 Rewards are computed afterwards by the learner itself (``echo_learner.tasks``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from echo_learner.logprobs import grouped_logprobs
+from echo_learner.logprobs import grouped_token_stats
 from echo_learner.pool import PromptPool
 from protocol.errors import SignatureError
 from protocol.identity import verify
@@ -42,12 +45,15 @@ BAD_TOKENS = "bad_tokens"
 REASSIGNED = "assignment_expired"
 ANSWERED = "already_answered"
 BAD_LOGPROBS = "bad_logprobs"
+IMPLAUSIBLE = "implausible_tokens"
+UNSUPPORTED = "unsupported_dtype"
 
 # Reasons an honest node can never earn: each counts towards a ban. (An honest
 # but slow node can see its prompts reassigned or its version fall out of the
 # window; those cost it the batch, not its standing.)
 STRIKES = frozenset(
-    {MALFORMED, WRONG_SIGNER, BAD_SIGNATURE, NOT_ASSIGNED, REPLAYED, BAD_GROUP, BAD_TOKENS, BAD_LOGPROBS}
+    {MALFORMED, WRONG_SIGNER, BAD_SIGNATURE, UNSUPPORTED, NOT_ASSIGNED, REPLAYED, BAD_GROUP, BAD_TOKENS,
+     BAD_LOGPROBS, IMPLAUSIBLE}
 )
 
 
@@ -76,18 +82,36 @@ class Tolerance:
 TOLERANCE = {
     "f32": Tolerance(worst=5e-3, mean=5e-4),
     "f16": Tolerance(worst=0.1, mean=1e-2),
-    "bf16": Tolerance(worst=0.2, mean=2e-2),
     "q8_0": Tolerance(worst=3.0, mean=0.3),
-    "q4_1": Tolerance(worst=6.0, mean=0.6),
 }
+# What our backends run. The tolerance is not the node's to choose freely: a
+# batch declaring another pair (e.g. llama q4_1, which no backend of ours
+# produces, for its looser tolerance; or torch f16, which the torch backend
+# never runs) is refused.
+SUPPORTED = frozenset({("torch", "f32"), ("llama", "f32"), ("llama", "f16"), ("llama", "q8_0")})
+
+
+# Whether the sampled tokens are what temperature-1 sampling from the claimed
+# version gives (after GRAIL's token-plausibility check). For each token, its
+# surprise under the learner's recompute, -log p(token), minus the entropy of
+# the distribution it was drawn from has mean 0 and a known variance; over a
+# batch, z = sum(surprise - entropy) / sqrt(sum(variance)) is about standard
+# normal for an honest node whatever its log-prob tolerance. Tokens picked by
+# hand, sampled from another model, or greedily drift far from 0 (a forger can
+# always report the exact log-probs of tokens it chose: the tolerance alone
+# cannot catch that). Limits by dtype, from honest rollouts
+# (bench/plausibility.py, >= 10,000 per backend and dtype):
+PLAUSIBLE_Z = {"f32": 8.0, "f16": 8.0, "q8_0": 10.0}
 
 
 @dataclass(frozen=True)
 class LogprobError:
-    """|reported - recomputed| log-prob over a batch's sampled tokens."""
+    """|reported - recomputed| log-prob over a batch's sampled tokens, and
+    how plausible the tokens are as temperature-1 samples (``surprise_z``)."""
 
     worst: float
     mean: float
+    surprise_z: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -131,6 +155,8 @@ def check_batch(
         return BAD_SIGNATURE
     if batch.job_id != limits.job_id:
         return WRONG_JOB
+    if (batch.backend, batch.dtype) not in SUPPORTED:
+        return UNSUPPORTED
     prompt_ids = [g.prompt_id for g in batch.groups]
     assignments = [pool.lookup(pid) for pid in prompt_ids]
     if len(set(prompt_ids)) != len(prompt_ids) or any(
@@ -185,19 +211,28 @@ def logprob_error(
     this runs in a worker thread and must not touch the pool).
     """
     assert len(prompts) == len(batch.groups), "one prompt per group"
-    mine = grouped_logprobs(model, prompts, [[c.tokens for c in g.completions] for g in batch.groups], pad_id)
-    diffs = [
-        (recomputed - torch.tensor(c.logprobs, dtype=torch.float32)).abs()
+    mine = grouped_token_stats(
+        model, prompts, [[c.tokens for c in g.completions] for g in batch.groups], pad_id
+    )
+    pairs = [
+        (stats, torch.tensor(c.logprobs, dtype=torch.float32))
         for group, recomputed_group in zip(batch.groups, mine)
-        for c, recomputed in zip(group.completions, recomputed_group)
+        for c, stats in zip(group.completions, recomputed_group)
     ]
-    diff = torch.cat(diffs)
-    return LogprobError(worst=float(diff.max()), mean=float(diff.mean()))
+    diff = torch.cat([(stats.logprobs - reported).abs() for stats, reported in pairs])
+    surprise = sum(float((-stats.logprobs - stats.entropy).sum()) for stats, _ in pairs)
+    variance = sum(float(stats.variance.sum()) for stats, _ in pairs)
+    z = surprise / math.sqrt(variance) if variance > 0 else 0.0
+    return LogprobError(worst=float(diff.max()), mean=float(diff.mean()), surprise_z=z)
 
 
 def check_logprobs(error: LogprobError, dtype: str) -> str | None:
     allowed = TOLERANCE[dtype]
-    return BAD_LOGPROBS if error.worst > allowed.worst or error.mean > allowed.mean else None
+    if error.worst > allowed.worst or error.mean > allowed.mean:
+        return BAD_LOGPROBS
+    if abs(error.surprise_z) > PLAUSIBLE_Z[dtype]:
+        return IMPLAUSIBLE
+    return None
 
 
 class Policies:

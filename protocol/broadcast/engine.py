@@ -54,11 +54,12 @@ from protocol.swarm import Swarm, announce, find_providers, reach
 
 log = logging.getLogger(__name__)
 
+# Peers remembered as having served us a good chunk (then forgotten at once).
+MAX_TRUSTED = 4096
+
 # Errors a request to a peer can end with when the peer misbehaves or vanishes
 # mid-dial (py-libp2p's errors share no base class below Exception); none may
 # stop the engine. Anything else is a bug.
-MAX_TRUSTED = 4096
-
 PEER_ERRORS = (ProtocolError, StreamError, SwarmException, HostException, RequestFailed, OSError)
 
 
@@ -148,14 +149,12 @@ class BroadcastEngine:
         self._lanes: dict[str, list[INetStream]] = {}
         self._learning: set[int] = set()
         self._relayed: set[str] = set()  # neighbours reached only through a relay
-        # Peers we ask for nothing (they stalled or lied), until when; and
-        # recent stall times per peer.
-        self._banned_until: dict[str, float] = {}
         self._open: dict[tuple[str, int], trio.CancelScope] = {}  # chunk requests under way
         # Peers that have sent us a good chunk: asked first, and given a second
-        # chance after a stall (bounded: the oldest are forgotten).
+        # chance after a stall.
         self._trusted: set[str] = set()
-        self._stall_times: dict[str, list[float]] = {}
+        self._stall_times: dict[str, list[float]] = {}  # recent stalls per peer
+        self._banned_until: dict[str, float] = {}  # peers we ask for nothing (they stalled or lied)
         self._local_changed = trio.Event()
         self._wake_downloader = trio.Event()
         self._progress = trio.Event()

@@ -6,10 +6,11 @@ ties broken by a per-process random order so that processes spread out,
 peers reached only through a relay only when no directly connected holder
 is free, the seed (the learner) only when no other peer has the chunk, at most
 ``max_in_flight_per_peer`` requests per peer and ``max_in_flight`` in all.
-Peers that have served us before come first. Endgame: once every chunk still missing is requested, a request older than
-``endgame_after_s`` is sent to a second holder too, so one slow or stalling
-peer cannot hold up the version's last chunks. A peer that stalls or sends
-a wrong chunk is dropped for the version.
+Peers that have served us before are asked before strangers.
+Endgame: once every missing chunk is requested, a request older than
+``endgame_after_s`` is also sent to a holder that has proven it serves, so one
+slow or stalling peer cannot hold up the version's last chunks. A peer that
+stalls or sends a wrong chunk is dropped for the version.
 
 ``UploadPolicy`` decides which requests a process admits: a bounded queue,
 and for the seed, a chunk that the swarm can relay
@@ -189,15 +190,16 @@ class Download:
             if not proven:
                 return None
             return min(proven, key=lambda p: (p == self.seed, usable[p].in_flight, self.rng.random()))
-        # A directly connected holder first, then the least busy, then one
-        # that has served us before; the seed only breaks ties last, so that
-        # other peers take load first but the seed's upload never idles.
+        # A directly connected holder first, then one that has served us
+        # before (a stranger only while those are at their request limit),
+        # then the least busy; the seed only breaks ties last, so that other
+        # peers take load first but the seed's upload never idles.
         return min(
             holders,
             key=lambda p: (
                 p in self.relayed,
+                bool(self.trusted) and p not in self.trusted,
                 usable[p].in_flight,
-                p not in self.trusted,
                 p == self.seed,
                 self.rng.random(),
             ),

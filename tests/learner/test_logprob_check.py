@@ -9,9 +9,17 @@ import random
 
 import torch
 
+from echo_learner.logprobs import grouped_logprobs
 from echo_learner.model import ModelShape, build_model, config_json
 from echo_learner.trainer import Objective, Trainer
-from echo_learner.verify import BAD_LOGPROBS, TOLERANCE, check_logprobs, logprob_error
+from echo_learner.verify import (
+    BAD_LOGPROBS,
+    IMPLAUSIBLE,
+    PLAUSIBLE_Z,
+    TOLERANCE,
+    check_logprobs,
+    logprob_error,
+)
 from echo_node.backend_torch import TorchBackend
 from protocol.messages import UNSIGNED, Completion, RolloutBatch, RolloutGroup
 from tests.protocol.samples import NODE
@@ -54,16 +62,18 @@ def sample_batches(model, rng, batches, max_new_tokens):
 
 def test_thousands_of_honest_rollouts_have_zero_false_rejects():
     rng = random.Random(0)
-    rollouts, worst = 0, 0.0
+    rollouts, worst, most_z = 0, 0.0, 0.0
     for model in versions(3):
         for prompts, batch in sample_batches(model, rng, batches=12, max_new_tokens=24):
             error = logprob_error(model, prompts, batch, pad_id=256)
             worst = max(worst, error.worst)
+            most_z = max(most_z, abs(error.surprise_z))
             assert check_logprobs(error, "f32") is None, error
             rollouts += sum(len(g.completions) for g in batch.groups)
     assert rollouts >= 2000
-    print(f"honest rollouts {rollouts}, worst |node - learner| log-prob {worst:.2e}")
+    print(f"honest rollouts {rollouts}, worst |node - learner| log-prob {worst:.2e}, |z| {most_z:.2f}")
     assert worst < TOLERANCE["f32"].worst / 10  # a wide margin, not a near miss
+    assert most_z < PLAUSIBLE_Z["f32"] / 2
 
 
 def test_forged_logprobs_are_caught():
@@ -125,3 +135,41 @@ def test_the_grouped_recompute_equals_the_full_one():
             expected = full[i, len(p) - 1 : len(p) - 1 + len(c)]
             assert flat[i].shape == expected.shape
             assert (flat[i] - expected).abs().max() < 1e-5
+
+
+def _exact(model, prompts, groups, template):
+    """A batch of ``groups`` of token tuples with the learner's own log-probs:
+    what a forger who computes them with the published weights reports."""
+    lps = grouped_logprobs(model, prompts, groups, pad_id=256)
+    return dataclasses.replace(template, groups=tuple(
+        RolloutGroup(i, tuple(Completion(tuple(t), tuple(float(x) for x in lp)) for t, lp in zip(g, gl)))
+        for i, (g, gl) in enumerate(zip(groups, lps))
+    ))
+
+
+def test_tokens_not_sampled_from_the_policy_are_caught_even_with_exact_logprobs():
+    # A sharpened policy, as after training: near-certain tokens and unlikely
+    # ones. (Under a near-uniform policy any token is nearly as likely as a
+    # sampled one, and nothing needs catching.)
+    *_, other_model, honest_model = versions(3)
+    rng = random.Random(5)
+    prompts, honest = next(sample_batches(honest_model, rng, 1, max_new_tokens=16))
+    shape = [[len(c.tokens) for c in g.completions] for g in honest.groups]
+    # Chosen by hand (here at random), sampled from another model, or greedy.
+    chosen = [[tuple(rng.randrange(0, 256) for _ in range(n)) for n in g] for g in shape]
+    _, other = next(sample_batches(other_model, rng, 1, max_new_tokens=16))
+    swapped = [[c.tokens for c in g.completions] for g in other.groups]
+    greedy = []
+    for p, g in zip(prompts, shape):
+        with torch.no_grad():
+            out = honest_model.generate(
+                torch.tensor([p]), max_new_tokens=max(g), do_sample=False, pad_token_id=256
+            )[0, len(p):]
+        greedy.append([tuple(out[:n].tolist()) for n in g])
+    for forged in (chosen, swapped, greedy):
+        batch = _exact(honest_model, prompts, forged, honest)
+        error = logprob_error(honest_model, prompts, batch, pad_id=256)
+        assert error.worst < TOLERANCE["f32"].worst  # the log-probs themselves are right
+        for dtype in ("f32", "q8_0"):  # however loose the declared dtype's tolerance
+            assert check_logprobs(error, dtype) == IMPLAUSIBLE, (dtype, error)
+    assert check_logprobs(logprob_error(honest_model, prompts, honest, pad_id=256), "f32") is None

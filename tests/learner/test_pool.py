@@ -1,5 +1,7 @@
 """The prompt pool's bounds: what untried peers hold is extra, never blocking a step."""
 
+import trio
+
 from echo_learner.pool import PromptPool
 from echo_learner.tasks import TaskPrompt
 
@@ -25,3 +27,13 @@ async def test_without_provisional_peers_the_pool_is_bounded_by_capacity():
     p.set_open(True)
     assert len(p.take("a", 3, version=0)) == 3
     assert len(p.take("b", 3, version=0)) == 1
+
+
+async def test_an_expired_prompt_goes_to_a_proven_peer_not_to_a_newcomer(autojump_clock):
+    p = pool(2)
+    p.set_open(True)
+    p.provisional = lambda peer: peer.startswith("new")
+    lapsed = {a.prompt_id for a in p.take("slow", 2, version=0)}
+    await trio.sleep(61)  # past the assignment timeout (a mock clock: no real wait)
+    assert not lapsed & {a.prompt_id for a in p.take("newcomer", 2, version=0)}
+    assert {a.prompt_id for a in p.take("honest", 2, version=0)} == lapsed

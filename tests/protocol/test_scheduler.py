@@ -151,8 +151,13 @@ def test_the_endgame_waits_a_few_typical_request_times():
 
 
 def test_peers_that_served_us_before_are_asked_first():
+    d = download(max_in_flight=4, max_in_flight_per_peer=1)
+    d.trusted |= {"old friend", "seed"}
+    for peer in ("stranger", "old friend", "seed"):
+        d.update_peer(peer, ALL)
+    assert sorted(p for p, _ in d.next_requests(0.0)) == ["old friend", "seed", "stranger"]
     d = download(max_in_flight=2, max_in_flight_per_peer=1)
     d.trusted |= {"old friend", "seed"}
     for peer in ("stranger", "old friend", "seed"):
         d.update_peer(peer, ALL)
-    assert sorted(p for p, _ in d.next_requests(0.0)) == ["old friend", "seed"]
+    assert sorted(p for p, _ in d.next_requests(0.0)) == ["old friend", "seed"]  # strangers wait
