@@ -28,7 +28,11 @@ def test_swarm_trains_and_every_accepted_batch_has_a_receipt(swarm_factory):
 
     metrics = swarm.metrics()
     assert [m["version"] for m in metrics] == list(range(1, STEPS + 1))
-    assert metrics[-1]["rollouts_accepted"] == STEPS * 16 * 16
+    # Every step trains on 16 groups of 16. A node with no accepted batch yet
+    # while the other is proven gets prompts beyond the pool (fairness.py);
+    # when it answers, its batch is accepted and credited but may miss its step.
+    trained = STEPS * 16 * 16
+    assert trained <= metrics[-1]["rollouts_accepted"] <= trained * 1.25
     assert metrics[-1]["contributors"] == 2
 
     rewards = [m["reward_mean"] for m in metrics]
