@@ -39,6 +39,7 @@ from protocol.errors import ProtocolError  # noqa: E402
 from protocol.ids import DHT_NAMESPACE  # noqa: E402
 from protocol.records import InvalidRecord, decode_record  # noqa: E402
 from tests.protocol.samples import LEARNER, all_messages  # noqa: E402
+from tests.protocol.test_framing import pair  # noqa: E402
 
 MAX_PEAK_MIB = 64
 TRACE_EVERY = 25
@@ -86,8 +87,10 @@ def framing_stream(data: bytes) -> None:
     """A peer's raw bytes on a stream: frames read one after another until it ends."""
 
     async def read_all() -> None:
-        stream = _BytesStream(data)
-        while await framing.receive_or_end(stream, *EVERY_KIND) is not None:
+        peer, ours = pair()
+        await peer.write(data)
+        await peer.close()
+        while await framing.receive_or_end(ours, *EVERY_KIND) is not None:
             pass
 
     trio.run(read_all)
@@ -123,19 +126,6 @@ def http_request(data: bytes) -> None:
                     pass
 
     trio.run(exchange)
-
-
-class _BytesStream:
-    def __init__(self, data: bytes):
-        self.data = data
-
-    async def read(self, n: int | None = None) -> bytes:
-        n = len(self.data) if n is None else n
-        piece, self.data = self.data[:n], self.data[n:]
-        return piece
-
-    async def write(self, data: bytes) -> None:
-        pass
 
 
 def valid_invite() -> str:

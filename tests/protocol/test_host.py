@@ -26,14 +26,20 @@ def plaintext_host(identity: Identity):
     )
 
 
-async def test_plaintext_dialer_is_refused_and_noise_dialer_accepted():
+def answering_host(message: str):
+    """A Noise host whose /test/1 handler answers ``message`` and closes."""
     server = make_host(Identity.generate(), [LOOPBACK])
 
     async def handler(stream):
-        await framing.send(stream, ErrorReply("hello", "over noise"))
+        await framing.send(stream, ErrorReply("hello", message))
         await stream.close()
 
     server.set_stream_handler("/test/1", handler)
+    return server
+
+
+async def test_plaintext_dialer_is_refused_and_noise_dialer_accepted():
+    server = answering_host("over noise")
     insecure = plaintext_host(Identity.generate())
     secure = make_host(Identity.generate(), [LOOPBACK])
     addr = parse_multiaddr(LOOPBACK)
@@ -66,13 +72,7 @@ IDLE_SOCKETS = 300
 
 
 async def test_an_honest_dial_gets_in_while_hundreds_of_idle_sockets_are_open():
-    server = make_host(Identity.generate(), [LOOPBACK])
-
-    async def handler(stream):
-        await framing.send(stream, ErrorReply("hello", "still serving"))
-        await stream.close()
-
-    server.set_stream_handler("/test/1", handler)
+    server = answering_host("still serving")
     honest = make_host(Identity.generate(), [LOOPBACK])
     addr = parse_multiaddr(LOOPBACK)
     async with server.run([addr]), honest.run([addr]):
