@@ -42,6 +42,7 @@ PUBLIC = "public"
 PRIVATE = "private"  # behind NAT or a firewall that refuses inbound dials
 UNKNOWN = "unknown"
 REACHABILITY = (UNKNOWN, PUBLIC, PRIVATE)
+ATTEMPTS = 2  # per server and check, when it gives no answer
 
 # What a server answered, in words (shown by `echo-node status` and doctor).
 _ANSWERS = {
@@ -140,11 +141,16 @@ async def check_reachability(host: IHost, servers: Sequence[ID], timeout_s: floa
     statuses: list[int] = []
 
     async def ask(server: ID) -> None:
-        try:
-            status, reached = await client.query_server(server, addrs, timeout=timeout_s)
-        except Exception as exc:  # no answer at all: dial, stream or protocol failure
-            result.answers[server.to_base58()] = f"no answer ({type(exc).__name__})"
-            return
+        # A busy server's stream can end before it answers; one more try
+        # tells a lost answer from a server that cannot answer.
+        for attempt in range(ATTEMPTS):
+            try:
+                status, reached = await client.query_server(server, addrs, timeout=timeout_s)
+                break
+            except Exception as exc:  # no answer at all: dial, stream or protocol failure
+                if attempt == ATTEMPTS - 1:
+                    result.answers[server.to_base58()] = f"no answer ({type(exc).__name__})"
+                    return
         statuses.append(status)
         if status == int(Message.OK) and reached:
             try:

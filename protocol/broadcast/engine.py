@@ -12,7 +12,7 @@
   neighbours as ``scheduler.Download`` decides. A request that makes no
   progress for ``stall_s`` (or brings no byte in ``request_timeout_s``) is
   cancelled and reissued elsewhere, and its peer dropped for that version and
-  struck; ``stalls_to_ban`` strikes, a chunk that fails its hash, or a denied
+  struck (the learner only rests: it is busy, not hostile); ``stalls_to_ban`` strikes, a chunk that fails its hash, or a denied
   chunk the peer announces, ban the peer from our downloads for ``ban_s``.
 - Finds neighbours through DHT provider records of the job's swarm key.
 
@@ -472,7 +472,7 @@ class BroadcastEngine:
                 self._ban(peer, "sent a chunk that failed its hash", version=m.version, chunk=idx)
             elif outcome == "denied":
                 self._ban(peer, "denied a chunk it announces", version=m.version, chunk=idx)
-            elif outcome == "stalled" and not self.banned(peer):
+            elif outcome == "stalled" and not self.banned(peer) and peer != self.learner_id:
                 self._strike(peer)
             d.on_failed(
                 peer, idx, now,

@@ -278,7 +278,9 @@ class Download:
 
         ``bad``: the chunk did not match its hash (or the peer denied holding a
         chunk it announced); ``stalled``: no byte came for too long. Either way
-        the peer is dropped for this version. ``busy``: the peer had no free upload slot; it rests a moment.
+        the peer is dropped for this version, except a seed that stalls: it
+        is the learner, busy rather than hostile, and may be the only holder,
+        so it rests like a failed peer. ``busy``: the peer had no free upload slot; it rests a moment.
         ``declined``: the peer (the seed) wants this chunk fetched from others;
         we ask it for other chunks meanwhile. Otherwise (reset, error) the peer
         rests longer.
@@ -287,7 +289,7 @@ class Download:
         state = self.peers.get(peer)
         if state is None:
             return
-        if bad or stalled:
+        if bad or (stalled and peer != self.seed):
             self.drop(peer)
         elif declined:
             state.declined[idx] = now + self.config.busy_backoff_s

@@ -114,6 +114,16 @@ def test_a_stalling_peer_is_dropped_for_the_version():
     assert [p for p, _ in d.next_requests(100.0)] == ["seed"]
 
 
+def test_a_stalling_seed_rests_and_is_asked_again():
+    """The learner may be the only holder: a stall means it was busy."""
+    d = download(max_in_flight=1, failure_backoff_s=1.0)
+    d.update_peer("seed", ALL)
+    [(peer, idx)] = d.next_requests(0.0)
+    d.on_failed(peer, idx, 0.0, stalled=True)
+    assert d.next_requests(0.5) == []  # resting
+    assert d.next_requests(1.5) == [("seed", idx)]
+
+
 def test_endgame_asks_a_second_holder_for_an_old_request():
     d = Download(2, {0}, seed="seed", config=SchedulerConfig(endgame_after_s=2.0), rng=random.Random(0))
     d.update_peer("staller", frozenset({1}))
