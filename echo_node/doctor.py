@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import os
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -33,6 +32,7 @@ from pathlib import Path
 from libp2p.peer.peerinfo import PeerInfo
 
 from echo_node.config import NodeConfig
+from echo_node.guard import available_ram
 from protocol.host import parse_peer_addr
 from protocol.identity import Identity, load
 from protocol.probe import measure_upload, try_punch
@@ -57,17 +57,6 @@ class Check:
 
 def _mib(n: float) -> str:
     return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n / 1024:,.0f} KiB"
-
-
-def available_ram() -> int:
-    """Bytes of RAM available to new work (MemAvailable on Linux)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def check_backends() -> Check:

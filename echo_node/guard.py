@@ -8,12 +8,23 @@ a prompt plus its answer longer than the model's context overruns the KV
 cache. The codec already bounds every count and size on the wire; this
 checks what only the loaded model can tell. A refused assignment costs one
 log line; the node stays up and asks again.
+
+A version's weights and config are checked the same way before anything is
+built from them (``check_version``): a safetensors header that is malformed or
+points outside the file, or a config that describes a bigger model than the
+weights hold (transformers allocates the config's model before it loads a
+single weight) or one that does not fit in the RAM available, is refused.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import struct
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from protocol.messages import WorkAssignment
 
@@ -55,3 +66,108 @@ def check_assignment(work: WorkAssignment, limits: ModelLimits) -> None:
                           f"{work.max_new_tokens} new exceed the model's context of {limits.context}")
     if any(not 0 <= t < limits.vocab_size for t in work.stop_token_ids):
         raise Refused("stop token ids outside the vocabulary")
+
+
+# --- a version's weights and config --------------------------------------------
+
+# The safetensors library accepts headers up to 100 MB; a Llama's header is a
+# few hundred bytes per tensor.
+MAX_HEADER_BYTES = 16 * 2**20
+MAX_TENSORS = 65536
+ITEM_BYTES = {"F32": 4, "F16": 2, "BF16": 2}  # what a learner publishes
+# Config fields that size the model, each bounded well beyond any model a
+# volunteer runs (a 70B Llama has hidden 8192, 80 layers, vocab 128k).
+CONFIG_BOUNDS = {
+    "vocab_size": 2**20, "hidden_size": 2**16, "intermediate_size": 2**18,
+    "num_hidden_layers": 1024, "num_attention_heads": 1024, "max_position_embeddings": 2**20,
+}
+
+
+def available_ram() -> int:
+    """Bytes of RAM available to new work (MemAvailable on Linux)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def weight_elements(weights: bytes) -> int:
+    """How many numbers a safetensors file holds, after checking its header:
+    bounded, JSON, known float dtypes, shapes that match their byte ranges,
+    and ranges inside the file. Raises ``Refused``."""
+    if len(weights) < 8:
+        raise Refused("weights: shorter than a safetensors header")
+    (n,) = struct.unpack("<Q", weights[:8])
+    if n > MAX_HEADER_BYTES or 8 + n > len(weights):
+        raise Refused(f"weights: a safetensors header of {n} bytes (at most {MAX_HEADER_BYTES}, "
+                      f"inside a file of {len(weights)})")
+    try:
+        header = json.loads(weights[8:8 + n])
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Refused(f"weights: the safetensors header is not JSON ({exc})") from None
+    if not isinstance(header, dict) or len(header) > MAX_TENSORS:
+        raise Refused(f"weights: the safetensors header is not a table of at most {MAX_TENSORS} tensors")
+    data_bytes = len(weights) - 8 - n
+    elements = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+            size = ITEM_BYTES[dtype]
+            count = math.prod(shape)
+            if not all(isinstance(x, int) and x >= 0 for x in (*shape, begin, end)):
+                raise ValueError("negative or non-integer sizes")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise Refused(f"weights: tensor {name!r} has a malformed entry ({exc!r})") from None
+        if not begin <= end <= data_bytes or end - begin != count * size:
+            raise Refused(f"weights: tensor {name!r} ({dtype} {shape}) does not match bytes "
+                          f"{begin}..{end} of {data_bytes}")
+        elements += count
+    return elements
+
+
+def _config_int(config: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = config.get(key, default)
+    bound = CONFIG_BOUNDS.get(key, CONFIG_BOUNDS["hidden_size"])
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= bound:
+        raise Refused(f"model config: {key} = {value!r} (an integer in 1..{bound})")
+    return value
+
+
+def config_parameters(config_json: str) -> int:
+    """How many parameters a Llama built from ``config_json`` has. Raises ``Refused``."""
+    try:
+        config = json.loads(config_json)
+    except ValueError as exc:
+        raise Refused(f"model config is not JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise Refused("model config is not a JSON object")
+    vocab, hidden = _config_int(config, "vocab_size"), _config_int(config, "hidden_size")
+    inter, layers = _config_int(config, "intermediate_size"), _config_int(config, "num_hidden_layers")
+    heads = _config_int(config, "num_attention_heads")
+    kv_heads = _config_int(config, "num_key_value_heads", heads)
+    head_dim = _config_int(config, "head_dim", max(hidden // heads, 1))
+    _config_int(config, "max_position_embeddings", 2048)
+    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, k, v, o
+    per_layer = attention + 3 * hidden * inter + 2 * hidden  # + gate, up, down and two norms
+    embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", False) else 2)
+    return embeddings + layers * per_layer + hidden
+
+
+def check_version(config_json: str, weights: bytes, ram_available: int) -> None:
+    """Raise ``Refused`` unless a model built from ``config_json`` holds no more
+    than ``weights`` carry and, with its weights loaded, fits in ``ram_available``."""
+    held = weight_elements(weights)
+    params = config_parameters(config_json)
+    # Biases and rounding aside, the config describes exactly what the
+    # weights hold; a few percent of slack, never a bigger model.
+    if params > held * 1.05 + 4096:
+        raise Refused(f"model config describes {params:,} parameters but the weights hold {held:,}")
+    need = 2 * 4 * max(params, held)  # the built f32 model and its loaded state
+    if need > ram_available:
+        raise Refused(f"the model needs about {need / 2**30:.1f} GiB of RAM; "
+                      f"{ram_available / 2**30:.1f} GiB available")

@@ -23,11 +23,12 @@ import trio
 from libp2p.network.exceptions import SwarmException
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
+from safetensors import SafetensorError
 
 from echo_node import status
 from echo_node.backend import Backend
 from echo_node.config import NodeConfig
-from echo_node.guard import ModelLimits, Refused, check_assignment
+from echo_node.guard import ModelLimits, Refused, available_ram, check_assignment, check_version
 from echo_node.weights import download_newer
 from protocol import codec
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine, VersionTooLarge
@@ -379,8 +380,9 @@ class Node:
                 continue
             try:
                 await self.update_weights(self._wanted)
-            except VersionTooLarge:
-                # _fetch_work says why in the log; asking again soon would not change it.
+            except (VersionTooLarge, Refused) as exc:
+                # Asking again soon would not change it: one line, then wait.
+                event(log, logging.WARNING, "refused a version", version=self._wanted, reason=exc)
                 await trio.sleep(self.config.max_retry_s)
             except (RequestFailed, ProtocolError) as exc:
                 event(log, logging.INFO, "could not fetch a newer version yet", error=exc)
@@ -402,12 +404,21 @@ class Node:
             weights = await trio.to_thread.run_sync(self.engine.store.assemble, newest)
             # Preparing (for llama.cpp: writing a GGUF) overlaps generation;
             # only the swap waits for a running generation to finish.
-            prepared = await trio.to_thread.run_sync(self.backend.prepare, loaded.model_config, weights)
+            prepared = await trio.to_thread.run_sync(self._prepare, loaded.model_config, weights)
             async with self._backend_lock:
                 self.backend.use(prepared)
                 self.version = newest
                 self.model_limits = ModelLimits.from_config(loaded.model_config)
             event(log, logging.INFO, "loaded weights", version=newest)
+
+    def _prepare(self, config_json: str, weights: bytes) -> Any:
+        """Check a version, then build it in the backend; ``Refused`` if either fails."""
+        assert self.backend is not None
+        check_version(config_json, weights, available_ram())
+        try:
+            return self.backend.prepare(config_json, weights)
+        except (ValueError, RuntimeError, SafetensorError) as exc:  # weights that passed the checks yet do not load
+            raise Refused(f"could not load the weights: {exc}") from exc
 
     async def roll_out(self, work: WorkAssignment) -> None:
         """Generate and sign one assignment; the submitter delivers it."""

@@ -21,6 +21,7 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 
+from protocol.conngate import InboundGate
 from protocol.identity import Identity
 
 
@@ -60,7 +61,9 @@ def check_addrs(listen: Sequence[str], bootstrap: Sequence[str]) -> None:
 # a few hundred idle sockets would fill its default 250 slots and keep honest
 # dials out. So: room for ~1,000 connections, and a socket that has not
 # finished its Noise handshake within 3 s (loopback takes milliseconds, a
-# slow link a few round trips) is closed. One connection per peer.
+# slow link a few round trips) is closed. One connection per peer, and at most
+# conngate.PER_IP inbound sockets per address (conngate.py, which also frees
+# the slot of a closed connection: py-libp2p keeps it).
 CONNECTIONS = ConnectionConfig(
     max_connections=1024,
     high_watermark=960,  # trimming starts here
@@ -84,6 +87,8 @@ def make_host(
     identity: Identity,
     listen: Sequence[str],
     extra_addrs: Callable[[], list[multiaddr.Multiaddr]] | None = None,
+    connections: ConnectionConfig = CONNECTIONS,
+    gate: InboundGate | None = None,
 ) -> IHost:
     """A host with our security settings. It advertises its listen addresses
     (wildcards expanded) plus what ``extra_addrs()`` returns at the time
@@ -97,7 +102,7 @@ def make_host(
         key_pair=key_pair,
         sec_opt={NOISE_PROTOCOL_ID: noise},
         muxer_opt=create_yamux_muxer_option(),
-        connection_config=CONNECTIONS,
+        connection_config=connections,
         # Pass the listen addresses here too, or their transport is skipped
         # silently (pitfall 11).
         listen_addrs=addrs,
@@ -105,6 +110,7 @@ def make_host(
         # listen address is nobody's address to dial.
         addrs_factory=expand_wildcards,
     )
+    (gate or InboundGate()).install(host)
     if extra_addrs is not None:
         # Not through addrs_factory: py-libp2p cuts each advertised address at
         # its first /p2p/, which would turn a relayed one into the relay's own.

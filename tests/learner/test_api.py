@@ -133,3 +133,32 @@ def test_answers_come_from_a_snapshot_at_most_once_a_second():
     expired.answer("GET", "/api/x"), expired.answer("GET", "/api/x")
     assert len(calls) == 3
 
+
+
+async def test_the_cli_sends_the_token_its_url_names():
+    """`echo-learner peers --url ...#token=` (what a learner bound beyond loopback prints)."""
+    import sys
+
+    table = {"/api/status": lambda q: {}, "/api/peers": lambda q: {"peers": [{"peer": "12D3KooWexample"}]}}
+    server = Server.for_table(table, token="s3cret")
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+
+    async def handler(stream):
+        async with stream:
+            await _handle(stream, server)
+
+    async def peers(url):
+        return await trio.run_process([sys.executable, "-m", "echo_learner", "peers", "--json", "--url", url],
+                                      capture_stdout=True, capture_stderr=True, check=False)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, handler, listeners)
+        with trio.fail_after(60):
+            good = await peers(url + "/#token=s3cret")
+            none = await peers(url)
+            wrong = await peers(url + "/#token=guess")
+        nursery.cancel_scope.cancel()
+    assert good.returncode == 0 and json.loads(good.stdout) == [{"peer": "12D3KooWexample"}], good.stderr
+    for refused in (none, wrong):
+        assert refused.returncode != 0 and b"401" in refused.stderr, refused.stderr

@@ -1,0 +1,120 @@
+"""Which inbound connections a host admits, and until when it counts them.
+
+Two things py-libp2p 0.8's swarm does not do:
+
+- **Free a closed connection's inbound slot.** ``Swarm._handle_inbound_connection``
+  takes one of ``max_connections - min_connections`` slots and, after the
+  upgrade, waits for the *swarm* to stop before it gives the slot back: every
+  inbound connection a process ever accepted keeps one. After ~1,000 (with our
+  ``CONNECTIONS``), every new inbound connection was refused, whether peers
+  churned honestly or someone connected and hung up a thousand times. We run
+  its handler in a scope that ends when the connection's socket is closed.
+- **Cap connections per address.** At most ``per_ip`` inbound sockets from
+  one IPv4 address (one /56 for IPv6, a household's usual allocation), counted
+  from accept, before the Noise handshake, to close, as go-libp2p's resource
+  manager does. A few households behind one carrier-grade NAT fit; one
+  address cannot fill the host. Loopback is exempt: a local swarm is all one
+  address.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections import Counter
+from typing import Any
+
+import trio
+from libp2p.abc import IHost
+from libp2p.io.abc import ReadWriteCloser
+
+from protocol.logs import event
+
+log = logging.getLogger(__name__)
+
+PER_IP = 16  # inbound sockets at once from one address (IPv4) or /56 (IPv6)
+IPV6_PREFIX = 56
+
+
+def address_key(ip: str, exempt_loopback: bool = True) -> str | None:
+    """What ``ip`` counts against: itself, its /56, or None (loopback, unparsable)."""
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return None
+    if addr.version == 6 and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    if addr.is_loopback and exempt_loopback:
+        return None
+    if addr.version == 6:
+        return str(ipaddress.ip_network(f"{addr}/{IPV6_PREFIX}", strict=False))
+    return str(addr)
+
+
+class _Watched(ReadWriteCloser):
+    """A socket stream that sets ``closed`` when anyone closes it."""
+
+    def __init__(self, inner: ReadWriteCloser, closed: trio.Event):
+        self._inner = inner
+        self._closed = closed
+
+    async def read(self, n: int | None = None) -> bytes:
+        return await self._inner.read(n)
+
+    async def write(self, data: bytes) -> None:
+        await self._inner.write(data)
+
+    async def close(self) -> None:
+        self._closed.set()
+        await self._inner.close()
+
+    def get_remote_address(self) -> tuple[str, int] | None:
+        return self._inner.get_remote_address()
+
+    def __getattr__(self, name: str) -> Any:  # anything else the transport offers
+        return getattr(self._inner, name)
+
+
+class InboundGate:
+    """Admits inbound sockets to ``host``'s swarm; see the module docstring."""
+
+    def __init__(self, per_ip: int = PER_IP, exempt_loopback: bool = True):
+        self.per_ip = per_ip
+        self.exempt_loopback = exempt_loopback
+        self.open: Counter[str] = Counter()  # address key -> sockets open now
+        self.refused = 0
+
+    def install(self, host: IHost) -> None:
+        swarm: Any = host.get_network()
+        upgrade = swarm._handle_inbound_connection  # looked up per connection by the listener
+
+        async def admit(stream: ReadWriteCloser, maddr: Any) -> None:
+            remote = stream.get_remote_address()
+            key = address_key(remote[0], self.exempt_loopback) if remote else None
+            if key is not None and self.open[key] >= self.per_ip:
+                self.refused += 1
+                if self.refused == 1 or self.refused % 1000 == 0:
+                    event(log, logging.WARNING, "refusing inbound connections beyond the per-address cap",
+                          address=key, cap=self.per_ip, refused=self.refused)
+                await stream.close()
+                return
+            if key is not None:
+                self.open[key] += 1
+            closed = trio.Event()
+            try:
+                async with trio.open_nursery() as nursery:
+
+                    async def run() -> None:
+                        await upgrade(_Watched(stream, closed), maddr)
+                        nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(run)
+                    await closed.wait()
+                    nursery.cancel_scope.cancel()  # frees the swarm's inbound slot
+            finally:
+                if key is not None:
+                    self.open[key] -= 1
+                    if not self.open[key]:
+                        del self.open[key]
+
+        swarm._handle_inbound_connection = admit

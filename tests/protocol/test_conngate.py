@@ -1,0 +1,88 @@
+"""Inbound connections: a closed one gives its slot back, one address holds a
+bounded number, over real Noise hosts on loopback."""
+
+import pytest
+import trio
+from libp2p.network.config import ConnectionConfig
+from libp2p.peer.peerinfo import info_from_p2p_addr
+
+from protocol import framing
+from protocol.conngate import InboundGate, address_key
+from protocol.host import full_addrs, make_host, parse_multiaddr
+from protocol.identity import Identity
+from protocol.messages import ErrorReply
+
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+
+
+def serving(message: str, **host_options):
+    server = make_host(Identity.generate(), [LOOPBACK], **host_options)
+
+    async def handler(stream):
+        await framing.send(stream, ErrorReply("hello", message))
+        await stream.close()
+
+    server.set_stream_handler("/test/1", handler)
+    return server
+
+
+async def ask(target) -> str:
+    """A fresh peer connects, reads one answer and hangs up."""
+    client = make_host(Identity.generate(), [])
+    async with client.run([]):
+        with trio.fail_after(10):
+            await client.connect(target)
+            stream = await client.new_stream(target.peer_id, ["/test/1"])
+            answer = (await framing.receive(stream, ErrorReply)).message
+            await client.disconnect(target.peer_id)
+            return answer
+
+
+async def test_closed_inbound_connections_give_their_slot_back():
+    # py-libp2p alone admits 10 inbound connections here (max - min) in the
+    # process's whole life; with the gate, 10 at a time.
+    small = ConnectionConfig(max_connections=14, min_connections=4, low_watermark=8, high_watermark=12,
+                             max_connections_per_peer=1, inbound_upgrade_timeout=3.0)
+    server = serving("served", connections=small)
+    async with server.run([parse_multiaddr(LOOPBACK)]):
+        target = info_from_p2p_addr(parse_multiaddr(full_addrs(server)[0]))
+        for i in range(25):
+            assert await ask(target) == "served", i
+
+
+async def test_one_address_holds_at_most_its_share_of_sockets():
+    gate = InboundGate(per_ip=4, exempt_loopback=False)
+    server = serving("served", gate=gate)
+    async with server.run([parse_multiaddr(LOOPBACK)]):
+        target = info_from_p2p_addr(parse_multiaddr(full_addrs(server)[0]))
+        port = int(target.addrs[0].value_for_protocol("tcp"))
+        idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(4)]
+        try:
+            # A fifth socket from the same address is closed at once, before
+            # any handshake: the server sends nothing.
+            with trio.fail_after(5):
+                extra = await trio.open_tcp_stream("127.0.0.1", port)
+                assert await extra.receive_some(1024) == b""
+            assert gate.refused >= 1
+            with pytest.raises(Exception):
+                await ask(target)
+            # Sockets that close give their places back.
+            for s in idle[:2]:
+                await s.aclose()
+            with trio.fail_after(5):
+                while sum(gate.open.values()) > 2:
+                    await trio.sleep(0.01)  # the server notices the close on its next read
+            assert await ask(target) == "served"
+        finally:
+            for s in idle:
+                await s.aclose()
+
+
+def test_addresses_count_per_ipv4_and_per_ipv6_56_and_loopback_is_exempt():
+    assert address_key("203.0.113.7") == "203.0.113.7"
+    assert address_key("::ffff:203.0.113.7") == "203.0.113.7"
+    assert address_key("2001:db8:1:ab00::1") == address_key("2001:db8:1:abff::9") == "2001:db8:1:ab00::/56"
+    assert address_key("2001:db8:1:ac00::1") != address_key("2001:db8:1:ab00::1")
+    assert address_key("127.0.0.1") is None and address_key("::1") is None
+    assert address_key("127.0.0.1", exempt_loopback=False) == "127.0.0.1"
+    assert address_key("not an address") is None
