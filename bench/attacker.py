@@ -104,6 +104,22 @@ async def unanswered_prompts(args: argparse.Namespace) -> None:
         await report_forever(args)
 
 
+async def idle_members(args: argparse.Namespace) -> None:
+    """The control, not an attack: ``--identities`` peers that join the swarm
+    (bootstrap, DHT, the learner) and then ask for nothing. What they cost the
+    honest nodes is what any peer's presence costs on this machine."""
+    async with trio.open_nursery() as nursery:
+        for i in range(args.identities):
+            nursery.start_soon(_member, make_node(args, i))
+        await report_forever(args)
+
+
+async def _member(node: Node) -> None:
+    async with node.joined():
+        count("joined")
+        await trio.sleep_forever()
+
+
 async def _forever(fn, *args) -> None:  # type: ignore[no-untyped-def]
     while True:
         await fn(*args)
@@ -271,7 +287,7 @@ async def report_forever(args: argparse.Namespace) -> None:
 
 ATTACKS = {f.__name__: f for f in (
     work_flood, sybil_requests, unanswered_prompts, stalling_chunk_peers, busy_flapping,
-    idle_sockets, api_pollers, api_slowloris,
+    idle_sockets, api_pollers, api_slowloris, idle_members,
 )}
 
 

@@ -3,16 +3,18 @@
 Each scenario runs a fresh swarm of real processes on 127.0.0.1 (bootstrap,
 learner, 3 honest nodes), waits until every honest node has had a batch
 accepted, starts one attack (bench/attacker.py, its own process under
-SCHED_IDLE: a real attacker burns its own machine's CPU, not ours), and counts the
+SCHED_IDLE and capped at ``--attacker-cores`` by a cgroup: a real attacker
+burns its own machine's CPU, not ours; see ``cpu_cap``), and counts the
 honest nodes' accepted batches in the learner's ledger over ``--window-s``
 seconds. The baseline is the same swarm with no attacker, run first and last
 in the same invocation; ``honest_retained`` is an attack's rate over the
-baselines' mean.
+baselines' mean. A control scenario (eight peers that join and ask for
+nothing) shows what the attacker's presence alone costs on this machine.
 
 Also checked per scenario: no honest process died, and every receipt an
 honest node holds has its row in the learner's ledger (``ledger_consistent``).
 
-    python bench/attacks.py --json            # ~10 minutes on 2 cores
+    python bench/attacks.py --json            # ~13 minutes on 2 cores
     python bench/attacks.py --only work_flood # one attack (and the baselines)
 
 Targets (issue 14): ``honest_retained >= 0.8`` for every attack, ``>= 0.9``
@@ -54,7 +56,13 @@ ATTACKS: dict[str, list[str]] = {
     "idle_sockets": ["--sockets", "300", "--target", "{learner}"],
     "api_pollers": ["--clients", "8", "--target", "{api}"],
     "api_slowloris": ["--sockets", "64", "--target", "{api}"],
+    "idle_members": ["--identities", "8"],
 }
+CONTROL = "idle_members"  # not an attack: peers that join and ask for nothing (see cpu_cap)
+# Attackers that must follow each version as it is published to announce it:
+# capped at 0.1 core they never did (no chunk request reached them), so they
+# run under SCHED_IDLE alone. Every attack's counters show it took hold.
+UNCAPPED = {"stalling_chunk_peers", "busy_flapping"}
 # Attacks that start before the honest nodes join (they must get in through it).
 BEFORE_JOIN = {"idle_sockets"}
 TARGET = {"api_pollers": 0.9}
@@ -81,6 +89,49 @@ def idle_priority() -> None:
     real swarm it burns its own machine, and on this 2-core one even a nice-19
     process slows torch's threads by sharing their cores."""
     os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
+CGROUP_V2 = Path("/sys/fs/cgroup")
+
+
+def cpu_cap(cores: float) -> Path | None:
+    """A cgroup whose processes get at most ``cores`` of CPU (v1 cfs quota or
+    v2 cpu.max; needs root). None where neither can be set up.
+
+    Why: SCHED_IDLE is not enough on this 2-core VM. Eight peers that only join
+    the swarm and ask for nothing (the idle_members control) cost the honest
+    nodes ~19 % of their accepted batches uncapped, ~6 % (noise) capped at
+    0.04 core: the attacker's own CPU, which a real attacker spends on its
+    own machine, not anything it makes our processes do.
+    """
+    period = 100_000
+    quota = max(1000, int(cores * period))
+    try:
+        if (CGROUP_V1 / "cpu.cfs_quota_us").exists():
+            group = CGROUP_V1 / "echo-attacker"
+            group.mkdir(exist_ok=True)
+            (group / "cpu.cfs_period_us").write_text(str(period))
+            (group / "cpu.cfs_quota_us").write_text(str(quota))
+        elif "cpu" in (CGROUP_V2 / "cgroup.controllers").read_text().split():
+            (CGROUP_V2 / "cgroup.subtree_control").write_text("+cpu")
+            group = CGROUP_V2 / "echo-attacker"
+            group.mkdir(exist_ok=True)
+            (group / "cpu.max").write_text(f"{quota} {period}")
+        else:
+            return None
+    except OSError:
+        return None
+    return group
+
+
+def attacker_limits(group: Path | None):
+    """preexec_fn for the attacker: into ``group`` (if any), then SCHED_IDLE."""
+    def apply() -> None:
+        if group is not None:
+            (group / "cgroup.procs").write_text("0")
+        idle_priority()
+    return apply
 
 
 def cpu_s(pid: int) -> float:
@@ -138,7 +189,7 @@ def scenario(name: str, args: argparse.Namespace, root: Path) -> dict:
                 [sys.executable, str(ATTACKER), name, "--bootstrap", swarm.bootstrap_addr,
                  "--data-dir", str(root / "attacker"), *extra],
                 stdout=open(attack_log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=idle_priority,
+                preexec_fn=attacker_limits(None if name in UNCAPPED else args.cap_group),
             )
 
         try:
@@ -171,6 +222,7 @@ def scenario(name: str, args: argparse.Namespace, root: Path) -> dict:
     reports = [json.loads(x) for x in attack_log.read_text().splitlines() if x.startswith("{")] \
         if attack_log.exists() else []
     return {
+        "attacker_capped": attacker is not None and args.cap_group is not None and name not in UNCAPPED,
         "accepted_batches": accepted,
         "rate_per_s": round(accepted / args.window_s, 3),
         "honest_alive": alive,
@@ -184,15 +236,19 @@ def scenario(name: str, args: argparse.Namespace, root: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
-    parser.add_argument("--only", action="append", choices=sorted(ATTACKS), help="run just these attacks")
+    parser.add_argument("--only", action="append", choices=sorted(set(ATTACKS) - {CONTROL}),
+                        help="run just these attacks")
     parser.add_argument("--window-s", type=float, default=40.0, help="measurement window per scenario")
     parser.add_argument("--settle-s", type=float, default=8.0, help="attack running before the window opens")
     parser.add_argument("--join-timeout-s", type=float, default=180.0)
     parser.add_argument("--keep", action="store_true", help="keep the run's logs (printed path)")
+    parser.add_argument("--attacker-cores", type=float, default=0.1,
+                        help="CPU cap for the attacker process (cgroup; 0: SCHED_IDLE only)")
     args = parser.parse_args()
+    args.cap_group = cpu_cap(args.attacker_cores) if args.attacker_cores > 0 else None
 
     root = Path(tempfile.mkdtemp(prefix="echo-attacks-"))
-    names = args.only or list(ATTACKS)
+    names = args.only or [n for n in ATTACKS if n != CONTROL]
     baselines = []
     attacks: dict[str, dict] = {}
     started = time.monotonic()
@@ -206,18 +262,27 @@ def main() -> None:
         return result
 
     baselines.append(run("baseline"))
+    control = run(CONTROL)
     for name in names:
         attacks[name] = run(name)
     baselines.append(run("baseline"))
     base_rate = sum(b["rate_per_s"] for b in baselines) / len(baselines)
-    for name, result in attacks.items():
+    for result in (control, *attacks.values()):
         result["honest_retained"] = round(result["rate_per_s"] / base_rate, 3) if base_rate else 0.0
+    for name, result in attacks.items():
         result["target"] = TARGET.get(name, 0.8)
-        result["met"] = result["honest_retained"] >= result["target"] and result["honest_alive"]
+        # An attack that got no answer at all did not take hold: not a pass.
+        result["engaged"] = bool(result.get("attacker"))
+        result["met"] = (result["honest_retained"] >= result["target"] and result["honest_alive"]
+                         and result["engaged"])
     out = {
         "honest_nodes": HONEST,
         "window_s": args.window_s,
+        "attacker_cores_cap": args.attacker_cores if args.cap_group is not None else None,
         "baseline": {"rate_per_s": round(base_rate, 3), "runs": baselines},
+        # Not an attack: peers that join and ask for nothing, run like one.
+        # What they cost is what the attacker process's mere presence costs here.
+        "control_idle_members": control,
         "attacks": attacks,
         "all_met": all(r["met"] for r in attacks.values()),
         "cpus": os.cpu_count(),

@@ -2,7 +2,8 @@
 
 Each target takes bytes (or text) a peer controls and must either give a
 well-formed value or raise the error it documents (``ProtocolError`` and its
-kinds, ``InvalidRecord``, ``BadInvite``); anything else is a crash. Every
+kinds, ``InvalidRecord``, ``BadInvite``, the node's ``Refused``); anything
+else is a crash. Every
 ``TRACE_EVERY``-th case runs under tracemalloc: a peak far beyond the input's
 size would be an unbounded allocation (inputs are at most a few KiB, the
 largest valid sample a 1 MiB chunk; the limit is ``MAX_PEAK_MIB``).
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from echo_learner.api import Server, _handle  # noqa: E402
+from echo_node.guard import Refused, config_parameters, weight_elements  # noqa: E402
 from protocol import codec, framing, invite  # noqa: E402
 from protocol.broadcast import bitfield  # noqa: E402
 from protocol.errors import ProtocolError  # noqa: E402
@@ -45,7 +47,7 @@ MAX_PEAK_MIB = 64
 TRACE_EVERY = 25
 EVERY_KIND = tuple(codec.MAX_SIZE)
 SAMPLES = all_messages()
-EXPECTED = (ProtocolError, InvalidRecord, invite.BadInvite)
+EXPECTED = (ProtocolError, InvalidRecord, invite.BadInvite, Refused)
 
 MSGPACK_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=20)
@@ -128,6 +130,24 @@ def http_request(data: bytes) -> None:
     trio.run(exchange)
 
 
+def version_files(case: tuple) -> None:
+    """A version's safetensors bytes and model config, as a node checks them."""
+    weights, config = case
+    weight_elements(weights)
+    config_parameters(config)
+
+
+def small_safetensors() -> bytes:
+    import numpy as np
+    from safetensors.numpy import save
+
+    return save({"embed": np.zeros((4, 8), np.float32), "norm": np.ones(8, np.float16)})
+
+
+CONFIG = json.dumps({"vocab_size": 4, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
+                     "num_attention_heads": 2, "tie_word_embeddings": True})
+
+
 def valid_invite() -> str:
     return invite.make(LEARNER, "reverse-fuzz", ["/ip4/127.0.0.1/tcp/4001/p2p/" + LEARNER.peer_id_str],
                        ["/ip4/127.0.0.1/tcp/4002"])
@@ -139,7 +159,7 @@ def manifest_value() -> bytes:
 
 TARGETS: dict[str, tuple[Callable, st.SearchStrategy, float]] = {
     # name: (target, inputs, share of the cases)
-    "codec_random_bytes": (codec_random_bytes, st.binary(max_size=4096), 0.2),
+    "codec_random_bytes": (codec_random_bytes, st.binary(max_size=4096), 0.15),
     "codec_mutated": (codec_mutated, st.tuples(st.sampled_from(SAMPLES), FLIPS), 0.2),
     "codec_msgpack_bodies": (
         codec_msgpack_bodies, st.tuples(st.sampled_from(sorted(codec.KINDS)), MSGPACK_VALUES), 0.1,
@@ -161,6 +181,16 @@ TARGETS: dict[str, tuple[Callable, st.SearchStrategy, float]] = {
         st.binary(max_size=2048) | st.builds(
             lambda path, head: f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}\r\n\r\n".encode("utf-8", "replace"),
             st.text(max_size=100), st.text(max_size=300),
+        ),
+        0.05,
+    ),
+    "version_files": (
+        version_files,
+        st.tuples(
+            st.just(small_safetensors()) | st.builds(mutate, st.just(small_safetensors()), FLIPS)
+            | st.binary(max_size=512),
+            st.just(CONFIG) | st.builds(lambda flips: mutate(CONFIG.encode(), flips).decode("utf-8", "replace"), FLIPS)
+            | st.text(max_size=200),
         ),
         0.05,
     ),

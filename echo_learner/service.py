@@ -116,6 +116,9 @@ class Learner:
         self.step = 0
         self.started = time.time()
         self.history: deque[dict] = deque(maxlen=HISTORY_STEPS)
+        # The newest manifest not yet in the DHT (see _keep_manifest_in_dht).
+        self._unput: tuple[int, bytes] | None = None
+        self._unput_changed = trio.Event()
         self.ingest = Ingest(
             config, identity,
             job_id=self.job_id,
@@ -189,6 +192,8 @@ class Learner:
                 # Atomically: `status`, the demo and tests read it while we run.
                 write_atomic(cfg.api_path, json.dumps({"url": api_url, "pid": os.getpid()}))
                 await self.publish(first_version=resumed_version)
+                await self._put_manifest()  # joining nodes read it: before the job is announced
+                nursery.start_soon(self._keep_manifest_in_dht)
                 await self.announce()
                 self.addrs = full_addrs(host)
                 task_status.started((self.addrs, api_url))
@@ -333,7 +338,8 @@ class Learner:
 
     async def publish(self, first_version: int | None = None) -> None:
         """Chunk and sign the current weights as the next version, record it
-        durably, seed it into the broadcast and put its manifest in the DHT."""
+        durably, seed it into the broadcast, and leave its manifest for the DHT
+        (``_keep_manifest_in_dht``)."""
         assert self.swarm is not None and self.engine is not None
         t0 = time.monotonic()
         version = self.version + 1 if first_version is None else first_version
@@ -361,6 +367,24 @@ class Learner:
         self.version = version
         self.pool.set_open(self.pool.open, min_version=version - self.config.window)
         self.meter.on_publish(version, t0, time.monotonic())
+        self._unput = (version, encoded)
+        self._unput_changed.set()
+
+    async def _keep_manifest_in_dht(self) -> None:
+        """Put each new manifest in the DHT, off the training loop: a put waits
+        on the peers closest to the key, and one that answers slowly (any
+        stranger can join the DHT) held every step for up to DHT_TIMEOUT_S.
+        Versions published meanwhile are skipped; the newest is put next."""
+        while True:
+            await self._unput_changed.wait()
+            self._unput_changed = trio.Event()
+            await self._put_manifest()
+
+    async def _put_manifest(self) -> None:
+        assert self.swarm is not None
+        if self._unput is None:
+            return
+        (version, encoded), self._unput = self._unput, None
         with trio.move_on_after(DHT_TIMEOUT_S) as scope:
             await self.swarm.dht.put_value(manifest_key(self.me), encoded)
         if scope.cancelled_caught:

@@ -417,7 +417,7 @@ class Node:
         check_version(config_json, weights, available_ram())
         try:
             return self.backend.prepare(config_json, weights)
-        except (ValueError, RuntimeError, SafetensorError) as exc:  # weights that passed the checks yet do not load
+        except (ValueError, RuntimeError, SafetensorError) as exc:  # passed the checks, still does not load
             raise Refused(f"could not load the weights: {exc}") from exc
 
     async def roll_out(self, work: WorkAssignment) -> None:

@@ -2,11 +2,13 @@
 asking 16 times at once is refused beyond 2 and struck for it until banned;
 one keeping 2 requests waiting holds at most the newcomers' share of the
 prompts, and each time its prompts expire unanswered it earns a strike, until
-it is banned (real learner and node processes; the attackers are the node's
-own code in this test's process, asking over real libp2p)."""
+it is banned; the flooder's DHT never answering does not hold training steps
+either (real learner and node processes; the attackers are the node's own
+code in this test's process, asking over real libp2p)."""
 
 import pytest
 import trio
+from libp2p.kad_dht.common import PROTOCOL_ID as KAD_PROTOCOL
 
 from echo_node.backend_torch import TorchBackend
 from echo_node.config import NodeConfig
@@ -66,7 +68,14 @@ async def test_a_work_flood_gets_a_newcomers_share_and_honest_nodes_keep_trainin
                 # makes it useless to the learner (sync mode).
                 received.append((now, now + TIMEOUT_S, reply.version, len(reply.prompts)))
 
+    async def never_answer(stream) -> None:
+        await trio.sleep_forever()
+
     async with hoarder.joined(), flood.joined():
+        # The flooder's DHT never answers either. The learner puts each
+        # version's manifest to its closest DHT peers; that put held every
+        # training step for 10 s while it waited on such a peer.
+        flood.swarm.host.set_stream_handler(KAD_PROTOCOL, never_answer)
         async with trio.open_nursery() as nursery:
             for _ in range(2):
                 nursery.start_soon(ask_forever, hoarder, "hoarder")

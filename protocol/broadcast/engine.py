@@ -12,8 +12,9 @@
   neighbours as ``scheduler.Download`` decides. A request that makes no
   progress for ``stall_s`` (or brings no byte in ``request_timeout_s``) is
   cancelled and reissued elsewhere, and its peer dropped for that version and
-  struck (the learner only rests: it is busy, not hostile); ``stalls_to_ban`` strikes, a chunk that fails its hash, or a denied
-  chunk the peer announces, ban the peer from our downloads for ``ban_s``.
+  struck (the learner only rests: it is busy, not hostile); ``stalls_to_ban``
+  strikes, a chunk that fails its hash, or a denied chunk the peer announces,
+  ban the peer from our downloads for ``ban_s``.
 - Finds neighbours through DHT provider records of the job's swarm key.
 
 ``run`` owns every task; cancelling it closes every stream.

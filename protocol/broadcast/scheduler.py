@@ -280,7 +280,8 @@ class Download:
         chunk it announced); ``stalled``: no byte came for too long. Either way
         the peer is dropped for this version, except a seed that stalls: it
         is the learner, busy rather than hostile, and may be the only holder,
-        so it rests like a failed peer. ``busy``: the peer had no free upload slot; it rests a moment.
+        so it rests like a failed peer. ``busy``: the peer had no free upload
+        slot; it rests a moment.
         ``declined``: the peer (the seed) wants this chunk fetched from others;
         we ask it for other chunks meanwhile. Otherwise (reset, error) the peer
         rests longer.
