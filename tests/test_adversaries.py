@@ -120,7 +120,9 @@ ATTACKS = {
 async def test_dishonest_nodes_are_refused_and_honest_ones_are_not(swarm_factory):
     swarm = swarm_factory
     boot = await trio.to_thread.run_sync(swarm.start_bootstrap)
-    learner = swarm.start_learner("--mode", "async", "--staleness", "1", "--steps", "100000")
+    # Staleness 4: the forger's three batches, verified one after another, stay
+    # inside the window while the learner keeps stepping.
+    learner = swarm.start_learner("--mode", "async", "--staleness", "4", "--steps", "100000")
     for i in range(2):
         swarm.start_node(i)
     victim = load_or_create(swarm.root / "node0" / "identity.key").peer_id_str  # node0 reads this key
