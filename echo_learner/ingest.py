@@ -201,9 +201,7 @@ class Ingest:
         stats = self.peers.peers.get(peer)
         if stats is not None and stats.accepted > 0:
             return False
-        cutoff = time.time() - self.config.assignment_timeout_s
-        # Called for every holder on every request: stop at the first proven peer.
-        return any(s.accepted > 0 and s.last_seen >= cutoff for s in self.peers.peers.values())
+        return self.peers.any_proven_active(self.config.assignment_timeout_s)
 
     def _room_for(self, peer: str) -> int:
         """How many more prompts ``peer`` may hold now (echo_learner.fairness)."""

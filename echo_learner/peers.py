@@ -135,6 +135,12 @@ class PeerBook:
         cutoff = time.time() - within_s
         return [s for s in self.peers.values() if s.last_seen >= cutoff]
 
+    def any_proven_active(self, within_s: float) -> bool:
+        """Has a peer seen within ``within_s`` had a batch accepted? Stops at
+        the first: the prompt pool asks this for every holder on every request."""
+        cutoff = time.time() - within_s
+        return any(s.accepted > 0 and s.last_seen >= cutoff for s in self.peers.values())
+
     def to_json(self) -> list[dict]:
         now = time.time()
         return [s.to_json(now) for s in reversed(self.peers.values())]

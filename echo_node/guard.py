@@ -32,6 +32,8 @@ from protocol.messages import WorkAssignment
 # ordinary logit gaps: sampling degenerates to argmax and log-probs to
 # -inf, which no learner can verify. The learner samples at 1.0.
 MIN_TEMPERATURE = 0.05
+# A transformers Llama config without max_position_embeddings gets this.
+DEFAULT_CONTEXT = 2048
 
 
 class Refused(ValueError):
@@ -50,7 +52,7 @@ class ModelLimits:
     def from_config(cls, config_json: str) -> ModelLimits:
         """From the model config a manifest carries (a transformers config)."""
         config = json.loads(config_json)
-        return cls(int(config["vocab_size"]), int(config.get("max_position_embeddings", 2048)))
+        return cls(int(config["vocab_size"]), int(config.get("max_position_embeddings", DEFAULT_CONTEXT)))
 
 
 def check_assignment(work: WorkAssignment, limits: ModelLimits) -> None:
@@ -151,7 +153,7 @@ def config_parameters(config_json: str) -> int:
     heads = _config_int(config, "num_attention_heads")
     kv_heads = _config_int(config, "num_key_value_heads", heads)
     head_dim = _config_int(config, "head_dim", max(hidden // heads, 1))
-    _config_int(config, "max_position_embeddings", 2048)
+    _config_int(config, "max_position_embeddings", DEFAULT_CONTEXT)
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, k, v, o
     per_layer = attention + 3 * hidden * inter + 2 * hidden  # + gate, up, down and two norms
     embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", False) else 2)
