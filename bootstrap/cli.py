@@ -7,13 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from protocol.config import Parser, add_arguments, fail, resolve_or_exit, setting
+from protocol.connlimits import ConnectionSettings
 
 PROG = "echo-bootstrap"
 ENV_PREFIX = "ECHO_BOOTSTRAP"
 
 
 @dataclass(frozen=True)
-class BootstrapConfig:
+class BootstrapConfig(ConnectionSettings):
     listen: list[str] = setting(["/ip4/0.0.0.0/tcp/4001"], "multiaddr to listen on")
     identity: Path = setting(
         Path.home() / ".echo-swarm" / "bootstrap.key",
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
             reservation_ttl_s=config.relay_reservation_s,
         )
         async with open_swarm(
-            identity, config.listen, server=True, answer_probes=True, relay_hop=True, relay_limits=limits
+            identity, config.listen, server=True, answer_probes=True, relay_hop=True, relay_limits=limits,
+            connections=config,
         ) as swarm:
             await connect_bootstrap(swarm, config.bootstrap, config.bootstrap_timeout_s)
             for addr in full_addrs(swarm.host):

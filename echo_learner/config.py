@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from protocol.config import setting
+from protocol.connlimits import ConnectionSettings
 
 
 def default_data_dir() -> Path:
@@ -13,7 +14,7 @@ def default_data_dir() -> Path:
 
 
 @dataclass(frozen=True)
-class LearnerConfig:
+class LearnerConfig(ConnectionSettings):
     bootstrap: list[str] = setting([], "bootstrap peer multiaddr (with /p2p/<id>)")
     listen: list[str] = setting(
         ["/ip4/0.0.0.0/tcp/0"], "multiaddr to listen on (tcp/0 picks a free port)"

@@ -160,7 +160,7 @@ class Learner:
         try:
             resumed_version = self._start()
             async with (
-                open_swarm(self.identity, cfg.listen, server=True, answer_probes=True) as swarm,
+                open_swarm(self.identity, cfg.listen, server=True, answer_probes=True, connections=cfg) as swarm,
                 trio.open_nursery() as nursery,
             ):
                 self.swarm = swarm

@@ -120,7 +120,7 @@ class Node:
         # its routing table and then fails to query client-mode peers back.
         async with (
             open_swarm(self.identity, cfg.listen, server=True, relay_hop=cfg.relay, relays=cfg.bootstrap,
-                       upnp=cfg.upnp) as swarm,
+                       upnp=cfg.upnp, connections=cfg) as swarm,
             trio.open_nursery() as nursery,
         ):
             self.swarm = swarm

@@ -50,7 +50,9 @@ def _flag(f: dataclasses.Field) -> str:
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """Add one flag per field of ``cls``; unset flags stay ``None``."""
     hints = get_type_hints(cls)
-    for f in dataclasses.fields(cls):
+    own = cls.__dict__.get("__annotations__", {})
+    # A command's own settings first, the ones it shares (base classes) after.
+    for f in sorted(dataclasses.fields(cls), key=lambda f: f.name not in own):
         kind = hints[f.name]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         help_text = f"{f.metadata['help']} (default: {default})"

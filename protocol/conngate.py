@@ -5,8 +5,8 @@ Two things py-libp2p 0.8's swarm does not do:
 - **Free a closed connection's inbound slot.** ``Swarm._handle_inbound_connection``
   takes one of ``max_connections - min_connections`` slots and, after the
   upgrade, waits for the *swarm* to stop before it gives the slot back: every
-  inbound connection a process ever accepted keeps one. After ~1,000 (with our
-  ``CONNECTIONS``), every new inbound connection was refused, whether peers
+  inbound connection a process ever accepted keeps one. After ~1,000 (with our default
+  limits, ``host.ConnectionSettings``), every new inbound connection was refused, whether peers
   churned honestly or someone connected and hung up a thousand times. We run
   its handler in a scope that ends when the connection's socket is closed.
 - **Cap connections per address.** At most ``per_ip`` inbound sockets from
@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -32,7 +33,6 @@ from protocol.logs import event
 
 log = logging.getLogger(__name__)
 
-PER_IP = 16  # inbound sockets at once from one address (IPv4) or /56 (IPv6)
 IPV6_PREFIX = 56
 
 
@@ -52,11 +52,11 @@ def address_key(ip: str, exempt_loopback: bool = True) -> str | None:
 
 
 class _Watched(ReadWriteCloser):
-    """A socket stream that sets ``closed`` when anyone closes it."""
+    """A socket stream that calls ``on_close`` once it has been closed."""
 
-    def __init__(self, inner: ReadWriteCloser, closed: trio.Event):
+    def __init__(self, inner: ReadWriteCloser, on_close: Callable[[], None]):
         self._inner = inner
-        self._closed = closed
+        self._on_close = on_close
 
     async def read(self, n: int | None = None) -> bytes:
         return await self._inner.read(n)
@@ -65,8 +65,10 @@ class _Watched(ReadWriteCloser):
         await self._inner.write(data)
 
     async def close(self) -> None:
-        self._closed.set()
-        await self._inner.close()
+        try:
+            await self._inner.close()
+        finally:
+            self._on_close()  # after the close, which it may cancel if called from the handler
 
     def get_remote_address(self) -> tuple[str, int] | None:
         return self._inner.get_remote_address()
@@ -78,7 +80,7 @@ class _Watched(ReadWriteCloser):
 class InboundGate:
     """Admits inbound sockets to ``host``'s swarm; see the module docstring."""
 
-    def __init__(self, per_ip: int = PER_IP, exempt_loopback: bool = True):
+    def __init__(self, per_ip: int, exempt_loopback: bool = True):
         self.per_ip = per_ip
         self.exempt_loopback = exempt_loopback
         self.open: Counter[str] = Counter()  # address key -> sockets open now
@@ -100,17 +102,21 @@ class InboundGate:
                 return
             if key is not None:
                 self.open[key] += 1
-            closed = trio.Event()
+            # A cancel scope, not a task: this runs for every socket accepted,
+            # and most sockets on a busy public node never finish a handshake.
+            # Those close their socket from this task and return by themselves;
+            # cancelling them too would make py-libp2p unwind its clean-up
+            # through Cancelled (a third of the cost of an idle socket).
+            handler = trio.lowlevel.current_task()
+            scope = trio.CancelScope()
+
+            def on_close() -> None:
+                if trio.lowlevel.current_task() is not handler:
+                    scope.cancel()  # an established connection, closed by its muxer
+
             try:
-                async with trio.open_nursery() as nursery:
-
-                    async def run() -> None:
-                        await upgrade(_Watched(stream, closed), maddr)
-                        nursery.cancel_scope.cancel()
-
-                    nursery.start_soon(run)
-                    await closed.wait()
-                    nursery.cancel_scope.cancel()  # frees the swarm's inbound slot
+                with scope:
+                    await upgrade(_Watched(stream, on_close), maddr)  # ends when the socket closes
             finally:
                 if key is not None:
                     self.open[key] -= 1

@@ -21,6 +21,7 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 
+from protocol.connlimits import ConnectionSettings
 from protocol.conngate import InboundGate
 from protocol.identity import Identity
 
@@ -56,20 +57,16 @@ def check_addrs(listen: Sequence[str], bootstrap: Sequence[str]) -> None:
         parse_peer_addr(text)
 
 
-# Connection limits. py-libp2p counts a connection against its inbound cap
-# (max_connections - min_connections) from accept on, before the handshake:
-# a few hundred idle sockets would fill its default 250 slots and keep honest
-# dials out. So: room for ~1,000 connections, and a socket that has not
-# finished its Noise handshake within 3 s (loopback takes milliseconds, a
-# slow link a few round trips) is closed. One connection per peer, and at most
-# conngate.PER_IP inbound sockets per address (conngate.py, which also frees
-# the slot of a closed connection: py-libp2p keeps it).
-CONNECTIONS = ConnectionConfig(
-    max_connections=1024,
-    high_watermark=960,  # trimming starts here
-    max_connections_per_peer=1,
-    inbound_upgrade_timeout=3.0,
-)
+def connection_config(settings: ConnectionSettings) -> ConnectionConfig:
+    """py-libp2p's connection settings for ``settings`` (see its docstring)."""
+    return ConnectionConfig(
+        max_connections=settings.max_connections,
+        high_watermark=settings.max_connections * 15 // 16,  # trimming starts here
+        max_connections_per_peer=1,
+        inbound_upgrade_timeout=settings.handshake_timeout_s,
+    )
+
+
 # File descriptors the process asks for (each connection takes one).
 WANTED_FDS = 4096
 
@@ -87,7 +84,7 @@ def make_host(
     identity: Identity,
     listen: Sequence[str],
     extra_addrs: Callable[[], list[multiaddr.Multiaddr]] | None = None,
-    connections: ConnectionConfig = CONNECTIONS,
+    connections: ConnectionConfig | None = None,
     gate: InboundGate | None = None,
 ) -> IHost:
     """A host with our security settings. It advertises its listen addresses
@@ -102,7 +99,7 @@ def make_host(
         key_pair=key_pair,
         sec_opt={NOISE_PROTOCOL_ID: noise},
         muxer_opt=create_yamux_muxer_option(),
-        connection_config=connections,
+        connection_config=connections or connection_config(ConnectionSettings()),
         # Pass the listen addresses here too, or their transport is skipped
         # silently (pitfall 11).
         listen_addrs=addrs,
@@ -110,7 +107,7 @@ def make_host(
         # listen address is nobody's address to dial.
         addrs_factory=expand_wildcards,
     )
-    (gate or InboundGate()).install(host)
+    (gate or InboundGate(ConnectionSettings().connections_per_ip)).install(host)
     if extra_addrs is not None:
         # Not through addrs_factory: py-libp2p cuts each advertised address at
         # its first /p2p/, which would turn a relayed one into the relay's own.

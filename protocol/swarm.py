@@ -20,9 +20,11 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.tools.anyio_service import background_trio_service
 
+from protocol.conngate import InboundGate
 from protocol.dht_limits import bound_dht
 from protocol.dial import HolePuncher, dial
-from protocol.host import make_host, parse_multiaddr, parse_peer_addr
+from protocol.connlimits import ConnectionSettings
+from protocol.host import connection_config, make_host, parse_multiaddr, parse_peer_addr
 from protocol.identity import Identity
 from protocol.ids import DHT_NAMESPACE, RELAY_DIRECTORY_KEY
 from protocol.logs import event
@@ -197,6 +199,7 @@ async def open_swarm(
     relay_limits: RelayLimits = RelayLimits(),
     relays: Sequence[str] = (),
     upnp: bool = False,
+    connections: ConnectionSettings = ConnectionSettings(),
 ) -> AsyncIterator[Swarm]:
     """Run a host and its DHT until the block exits.
 
@@ -211,12 +214,16 @@ async def open_swarm(
     on which ``swarm.relay`` may hold reservations (run ``swarm.relay.run``).
     ``upnp``: ask the LAN's gateway to forward our listen port (``swarm.upnp``)
     before the block starts, and keep it forwarded until it ends.
+    ``connections``: the host's connection limits (operators set them as flags).
     """
     for addr in listen:
         parse_multiaddr(addr)
     relayed_addrs: list[multiaddr.Multiaddr] = []
     public_addrs: list[multiaddr.Multiaddr] = []
-    host = make_host(identity, listen, lambda: [*public_addrs, *relayed_addrs])
+    host = make_host(
+        identity, listen, lambda: [*public_addrs, *relayed_addrs],
+        connections=connection_config(connections), gate=InboundGate(connections.connections_per_ip),
+    )
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(host.run([parse_multiaddr(a) for a in listen]))
         background = await stack.enter_async_context(trio.open_nursery())

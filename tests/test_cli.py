@@ -1,7 +1,9 @@
 """The commands as a user runs them: help, one-line errors, persistent identity."""
 
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -124,3 +126,17 @@ def test_a_bad_address_creates_no_identity(tmp_path):
         out = run(module, *args)
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_an_operator_sets_the_handshake_deadline(tmp_path, monkeypatch):
+    """A connection limit set by env var reaches the host: an idle socket is
+    closed after 1 s instead of the default 10 s."""
+    monkeypatch.setenv("ECHO_BOOTSTRAP_HANDSHAKE_TIMEOUT_S", "1")
+    with local_swarm(tmp_path) as swarm:
+        addr = swarm.start_bootstrap()
+        port = int(addr.split("/tcp/")[1].split("/")[0])
+        with socket.create_connection(("127.0.0.1", port), timeout=8) as idle:
+            opened = time.monotonic()
+            while idle.recv(1024):  # the multistream hello, then the close (or a timeout error)
+                pass
+            assert time.monotonic() - opened < 5

@@ -52,9 +52,19 @@ def accepted_by_peer(ledger: Path) -> dict[str, list[RolloutBatch]]:
 
 
 def refusals(ledger: Path) -> list[tuple]:
+    """Batches refused for anything but arriving after their version's step.
+
+    In sync mode a newcomer's first prompt is extra to the step (so a step
+    never waits on an untried peer): when the other node fills the step first,
+    that batch is rightly refused as out of the window. Every other refusal
+    here would mean an honest backend failed verification.
+    """
     db = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
     try:
-        return db.execute("SELECT peer, version, reason FROM verdicts WHERE verdict = 'refused'").fetchall()
+        return db.execute(
+            "SELECT peer, version, reason FROM verdicts WHERE verdict = 'refused'"
+            " AND reason != 'version_out_of_window'"
+        ).fetchall()
     finally:
         db.close()
 
