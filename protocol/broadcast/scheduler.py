@@ -40,9 +40,13 @@ class SchedulerConfig:
     max_in_flight: int = 8
     # A busy peer (upload queue full) is asked again after this long, doubled
     # for each further busy answer in a row up to busy_backoff_max_s: each
-    # refusal costs both sides a round trip of CPU.
+    # refusal costs both sides a round trip of CPU. A peer that has sent us
+    # nothing of this version yet rests up to busy_stranger_max_s: one that
+    # announces everything and only ever answers busy (slowly) otherwise held
+    # a chunk every second.
     busy_backoff_s: float = 0.05
     busy_backoff_max_s: float = 1.0
+    busy_stranger_max_s: float = 8.0
     # A peer whose request failed (reset, error) is rested this long.
     failure_backoff_s: float = 1.0
     # A chunk requested endgame_factor times the median request time ago
@@ -296,7 +300,8 @@ class Download:
             state.declined[idx] = now + self.config.busy_backoff_s
         elif busy:
             backoff = self.config.busy_backoff_s * 2 ** min(state.busy_streak, 10)
-            state.resting_until = now + min(backoff, self.config.busy_backoff_max_s)
+            cap = self.config.busy_backoff_max_s if state.delivered else self.config.busy_stranger_max_s
+            state.resting_until = now + min(backoff, cap)
             state.busy_streak += 1
         else:
             state.resting_until = now + self.config.failure_backoff_s

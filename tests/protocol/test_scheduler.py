@@ -56,6 +56,21 @@ def test_busy_peer_rests_and_declined_chunk_goes_elsewhere():
     assert d.next_requests(0.6)
 
 
+def test_a_peer_that_only_answers_busy_rests_longer_than_one_that_delivers():
+    d = download(max_in_flight=1, busy_backoff_s=0.5, busy_backoff_max_s=1.0, busy_stranger_max_s=8.0)
+    d.update_peer("flapper", ALL)
+    d.update_peer("honest", ALL)
+    [(first, idx)] = d.next_requests(0.0)
+    d.on_done(first, idx)  # one of them delivered once
+    other = "flapper" if first == "honest" else "honest"
+    now = 0.0
+    for _ in range(6):  # busy answers in a row from both
+        for peer in (first, other):
+            d.on_failed(peer, idx + 1, now, busy=True)
+    assert d.peers[first].resting_until == now + 1.0  # it has delivered: at most 1 s
+    assert d.peers[other].resting_until == now + 8.0  # a stranger rests up to 8 s
+
+
 def test_done_and_complete():
     d = download()
     d.update_peer("a", ALL)
