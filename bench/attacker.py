@@ -30,10 +30,12 @@ from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine  # noqa: 
 from protocol.broadcast.serving import manifest_digest  # noqa: E402
 from protocol.broadcast.store import VersionStore  # noqa: E402
 from protocol.identity import load_or_create  # noqa: E402
-from protocol.ids import WORK_PROTOCOL  # noqa: E402
-from protocol.messages import ChunkRequest, ErrorReply, Have, NoWork, WorkAssignment, WorkRequest  # noqa: E402
+from protocol.messages import ErrorReply  # noqa: E402
 from protocol.rpc import RequestFailed, request  # noqa: E402
-from protocol import framing  # noqa: E402
+from protocol.wire import chunk, work  # noqa: E402
+from protocol.wire.chunk import ChunkRequest  # noqa: E402
+from protocol.wire.have import Have  # noqa: E402
+from protocol.wire.work import WorkAssignment, WorkRequest  # noqa: E402
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 counts: dict[str, int] = {}
@@ -55,9 +57,8 @@ async def ask(node: Node, max_prompts: int = 4) -> None:
     """One work request, never answered; counts what came back."""
     try:
         reply = await request(
-            node.swarm.host, node.learner, WORK_PROTOCOL,
-            WorkRequest(node.job_id, max_prompts, -1, "torch", "f32", node.config.name, "public"),
-            WorkAssignment, NoWork, ErrorReply, timeout_s=60,
+            node.swarm.host, node.learner, work.PROTOCOL,
+            lambda stream: work.ask(stream, WorkRequest(node.job_id, max_prompts, -1, "torch", "f32", node.config.name, "public")), timeout_s=60,
         )
     except RequestFailed:
         count("failed")
@@ -149,7 +150,7 @@ async def _stall(engine: BroadcastEngine, stream, req) -> None:  # type: ignore[
 async def _busy(engine: BroadcastEngine, stream, req) -> None:  # type: ignore[no-untyped-def]
     if isinstance(req, ChunkRequest):
         count("busy")
-        await framing.send(stream, ErrorReply("busy", "fetch it later or from another peer"))
+        await chunk.send_reply(stream, ErrorReply(chunk.BUSY, "fetch it later or from another peer"))
         engine._poke_local()  # "ready again": a fresh Have to every neighbour
         return
     await _serve_manifest(engine, stream, req)

@@ -57,7 +57,7 @@ def main() -> None:
 
     from protocol.dial import current_route
     from protocol.identity import load_or_create
-    from protocol.messages import ChunkRequest
+    from protocol.wire.chunk import ChunkRequest
     from protocol.runtime import run_until_signal
     from protocol.swarm import connect_bootstrap, open_swarm
 

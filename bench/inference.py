@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from echo_learner.model import smollm2_path  # noqa: E402
 from localswarm import SwarmError, local_swarm  # noqa: E402
 from protocol import codec  # noqa: E402
-from protocol.messages import RolloutBatch  # noqa: E402
+from protocol.wire.rollout import RolloutBatch
 
 TARGET = 0.9
 PINNED = (os.cpu_count() or 1) >= 2

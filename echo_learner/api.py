@@ -48,7 +48,7 @@ from echo_learner import metrics
 from protocol import codec
 from protocol.broadcast.ratelimit import TokenBucket
 from protocol.logs import event
-from protocol.messages import Receipt
+from protocol.wire.rollout import Receipt
 
 if TYPE_CHECKING:
     from echo_learner.service import Learner

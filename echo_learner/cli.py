@@ -6,6 +6,7 @@
     peers    the nodes the running learner knows (HTTP API)
     ledger   the contributor leaderboard (reads the SQLite ledger directly)
     export   the trained model as a Hugging Face directory (from the checkpoint)
+    tasks    the tasks --task can name, or a few prompts of one
 
 Heavy libraries (torch, transformers, libp2p) are imported only after the
 arguments parse, so ``--help`` and argument errors are instant.
@@ -89,6 +90,17 @@ def build_parser() -> Parser:
     )
     export.add_argument("out", type=Path, help="directory to write (must not exist or be empty)")
     export.add_argument("--data-dir", type=Path, default=default_data_dir(), help="the learner's data dir")
+    tasks = commands.add_parser(
+        "tasks",
+        help="list the tasks --task can name, or show a few prompts of one",
+        description="Without SPEC: every task family (built in, and those installed packages "
+        "register under the echo_swarm.tasks entry point group) and reasoning-gym's tasks. "
+        "With SPEC: a few training prompts of that task with their expected answers.",
+    )
+    tasks.add_argument("spec", nargs="?", help="a --task value, e.g. rg:basic_arithmetic:max_terms=3")
+    tasks.add_argument("-n", type=int, default=3, help="prompts to show (default: 3)")
+    tasks.add_argument("--seed", type=int, default=0, help="seed to draw them with (default: 0)")
+    tasks.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 
@@ -107,6 +119,8 @@ def main(argv: list[str] | None = None) -> None:
         show(args)
     elif args.command == "ledger":
         ledger(args)
+    elif args.command == "tasks":
+        show_tasks(args)
     else:
         export(args)
 
@@ -119,8 +133,10 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
     from echo_learner.checkpoint import CheckpointError
     from echo_learner.model import ModelError, locate
     from echo_learner.service import Learner, StartError, check_data_dir
+    from echo_learner.tasks.base import TaskError
+    from echo_learner.tasks.registry import load_task
     from protocol.host import BadMultiaddr, check_addrs
-    from protocol.identity import load_or_exit
+    from protocol.identity import Identity, load_or_exit, save
     from protocol.runtime import run_until_signal
     from protocol.swarm import BootstrapUnreachable
 
@@ -129,17 +145,22 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
         check_data_dir(config)
         if config.model:
             locate(config.model)
-    except (BadMultiaddr, StartError, ModelError) as exc:
+        task = load_task(config.task)
+    except (BadMultiaddr, StartError, ModelError, TaskError) as exc:
         fail(PROG, str(exc))
-    identity = load_or_exit(PROG, config.identity_path)
-    config.data_dir.mkdir(parents=True, exist_ok=True)
-    (config.data_dir / "config.json").write_text(json.dumps(as_dict(config), indent=2))
+    # A new identity is kept only once the learner could start: a task that
+    # does not fit the model leaves the data dir as it was.
+    new_identity = not config.identity_path.exists()
+    identity = Identity.generate() if new_identity else load_or_exit(PROG, config.identity_path)
     if config.model:
         print(f"loading model {config.model}", flush=True)
     try:
-        learner = Learner(config, identity)
-    except ModelError as exc:
+        learner = Learner(config, identity, task)
+    except (ModelError, TaskError) as exc:
         fail(PROG, str(exc))
+    if new_identity:
+        save(identity, config.identity_path)
+    (config.data_dir / "config.json").write_text(json.dumps(as_dict(config), indent=2))
 
     async def main() -> None:
         import trio
@@ -301,6 +322,40 @@ def ledger(args: argparse.Namespace) -> None:
               f"{r.accepted:>8} {r.refused:>7}")
     if refusals:
         print("refused: " + ", ".join(f"{k} {v}" for k, v in sorted(refusals.items())))
+
+
+def show_tasks(args: argparse.Namespace) -> None:
+    import random
+
+    from echo_learner.tasks import rg
+    from echo_learner.tasks.base import TaskError
+    from echo_learner.tasks.registry import families, load_task
+
+    if args.n < 1:
+        fail(PROG, "-n must be at least 1")
+    if args.spec is None:
+        try:
+            datasets = rg.dataset_names()
+        except TaskError as exc:
+            datasets = [str(exc)]
+        if args.json:
+            print(json.dumps({"families": families(), "reasoning_gym": datasets}, indent=2))
+            return
+        for name, target in sorted(families().items()):
+            print(f"{name:<12} {target}")
+        print("rg: / math: tasks: " + ", ".join(datasets))
+        return
+    try:
+        task = load_task(args.spec)
+    except TaskError as exc:
+        fail(PROG, str(exc))
+    rng = random.Random(args.seed)
+    prompts = [task.sample(rng) for _ in range(args.n)]
+    if args.json:
+        print(json.dumps({"task": task.name, "prompts": [{"text": p.text, "answer": p.answer} for p in prompts]}))
+        return
+    for p in prompts:
+        print(f"--- {task.name}\n{p.text}\n=> {p.answer}")
 
 
 def export(args: argparse.Namespace) -> None:

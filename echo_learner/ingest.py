@@ -1,4 +1,5 @@
-"""The learner's side of the work, rollout and receipts protocols.
+"""What the learner does with work, rollout and receipts requests (the
+protocols themselves: ``protocol.wire``).
 
 ``handle_work`` hands prompts out of the pool (long-polling while it is
 empty); ``handle_rollouts`` verifies a batch, writes the verdict to the ledger
@@ -24,39 +25,19 @@ from echo_learner.config import LearnerConfig
 from echo_learner.ledger import CREDIT_PER_TOKEN, Ledger, Row
 from echo_learner.peers import PeerBook
 from echo_learner.pool import Assignment, PromptPool, Rollouts
-from echo_learner.tasks import Task
+from echo_learner.tasks.base import Task
 from echo_learner.trainer import ScoredGroup
-from echo_learner.verify import (
-    ACCEPTED,
-    BANNED,
-    MALFORMED,
-    OUT_OF_WINDOW,
-    TOO_MANY_REQUESTS,
-    Limits,
-    Policies,
-    Window,
-    check_batch,
-    check_logprobs,
-    logprob_error,
-    recheck,
-)
-from protocol import codec, framing
-from protocol.errors import ProtocolError, StreamClosed
+from echo_learner.verify import ACCEPTED, Limits, Policies, Window, verify_batch
+from protocol import codec
+from protocol.errors import ProtocolError
 from protocol.identity import Identity
 from protocol.logs import event
-from protocol.messages import (
-    UNSIGNED,
-    ErrorReply,
-    NoWork,
-    Prompt,
-    Receipt,
-    ReceiptPage,
-    ReceiptQuery,
-    RolloutBatch,
-    WorkAssignment,
-    WorkRequest,
-)
+from protocol.messages import UNKNOWN_JOB, UNSIGNED, ErrorReply
 from protocol.rpc import remote_peer, route
+from protocol.wire import receipts, rollout, work
+from protocol.wire.receipts import ReceiptPage, ReceiptQuery
+from protocol.wire.rollout import MALFORMED, Receipt, RolloutBatch
+from protocol.wire.work import NoWork, Prompt, WorkAssignment, WorkRequest
 
 log = logging.getLogger(__name__)
 
@@ -130,14 +111,13 @@ class Ingest:
     # --- work ----------------------------------------------------------------------
 
     async def handle_work(self, stream: INetStream) -> None:
-        peer = remote_peer(stream)
-        req = await framing.receive(stream, WorkRequest)
-        self.peers.on_work_request(
-            peer, req.backend, req.dtype, req.held_version, req.name, req.reachability, route(stream.muxed_conn)
-        )
+        peer, via = remote_peer(stream), route(stream.muxed_conn)
+        await work.answer(stream, lambda req: self._work(peer, via, req))
+
+    async def _work(self, peer: str, via: str, req: WorkRequest) -> work.Reply:
+        self.peers.on_work_request(peer, req.backend, req.dtype, req.held_version, req.name, req.reachability, via)
         if req.job_id != self.job_id:
-            await framing.send(stream, ErrorReply("unknown_job", f"this learner runs {self.job_id}"))
-            return
+            return ErrorReply(UNKNOWN_JOB, f"this learner runs {self.job_id}")
         if self._asking[peer] >= self.config.max_work_requests:
             # An honest node never gets here; a peer that keeps trying does,
             # and each REFUSALS_PER_STRIKE-th refusal is a strike.
@@ -146,34 +126,31 @@ class Ingest:
             self._refusals[peer] += 1
             if self._refusals[peer] % REFUSALS_PER_STRIKE == 0:
                 self.peers.strike(peer)
-            await framing.send(stream, ErrorReply(
-                TOO_MANY_REQUESTS, f"at most {self.config.max_work_requests} work requests at a time"
-            ))
-            return
+            return ErrorReply(
+                work.TOO_MANY_REQUESTS, f"at most {self.config.max_work_requests} work requests at a time"
+            )
         self._asking[peer] += 1
         try:
-            await self._long_poll(stream, peer, req)
+            return await self._long_poll(peer, req)
         finally:
             self._asking[peer] -= 1
             if not self._asking[peer]:
                 del self._asking[peer]
 
-    async def _long_poll(self, stream: INetStream, peer: str, req: WorkRequest) -> None:
+    async def _long_poll(self, peer: str, req: WorkRequest) -> work.Reply:
         """Answer ``req`` with prompts as soon as ``peer`` may have some, or with
         NoWork after ``long_poll_s``."""
         with trio.move_on_after(self.config.long_poll_s):
             while True:
                 if self.peers.banned(peer):  # checked again after each wait: bans come mid-wait
-                    await framing.send(stream, ErrorReply(
-                        BANNED, "too many strikes (refused batches, prompts left unanswered); try again later"
-                    ))
-                    return
+                    return ErrorReply(
+                        work.BANNED, "too many strikes (refused batches, prompts left unanswered); try again later"
+                    )
                 version = self.current_version()
                 wanted = min(req.max_prompts, self.config.prompts_per_request, self._room_for(peer))
                 taken = self.pool.take(peer, wanted, version) if wanted else []
                 if taken:
-                    await framing.send(stream, self._assignment(version, taken))
-                    return
+                    return self._assignment(version, taken)
                 if self._provisional(peer):
                     # A newcomer looks again only every newcomer_retry_s: a
                     # crowd of them woken at every pool change would cost the
@@ -183,10 +160,7 @@ class Ingest:
                 # An expiring prompt frees room too, and nothing announces it.
                 with trio.move_on_at(self.pool.next_expiry() + 0.01):
                     await self.pool.wait_changed()
-        await framing.send(
-            stream,
-            NoWork(self.job_id, max(self.current_version(), 0), retry_after_ms=0, reason="no prompts open"),
-        )
+        return NoWork(self.job_id, max(self.current_version(), 0), retry_after_ms=0, reason="no prompts open")
 
     def _lapsed(self, peer: str) -> None:
         """``peer`` let prompts expire unanswered: a strike, so that a peer
@@ -234,19 +208,23 @@ class Ingest:
 
     async def handle_rollouts(self, stream: INetStream) -> None:
         sender = remote_peer(stream)
-        try:
-            batch = await framing.receive(stream, RolloutBatch)
-        except StreamClosed:
-            raise  # a sender that died mid-frame: nothing was submitted, no verdict
-        except ProtocolError as exc:
-            self._record_malformed(sender, exc)
-            await framing.send(stream, ErrorReply(MALFORMED, str(exc)[:400]))
-            return
-        reason = await self._verify(batch, sender)
+        await rollout.answer(
+            stream, lambda batch: self._judge(sender, batch), lambda exc: self._record_malformed(sender, exc)
+        )
+
+    async def _judge(self, sender: str, batch: RolloutBatch) -> Receipt:
+        """Verify ``batch``, record the verdict in the ledger and return the
+        signed receipt (sent only after the ledger write)."""
+        rollouts = sum(len(g.completions) for g in batch.groups)
+        reason = await verify_batch(
+            batch, sender, banned=self.peers.banned(sender), pool=self.pool, window=self.window,
+            nonce_accepted=lambda nonce: self.ledger.nonce_accepted(sender, nonce), limits=self.limits,
+            policies=self.policies, pad_id=self.pad_id, in_flight=self._verifying,
+            on_recomputed=lambda seconds: self.meter.on_verify(seconds, rollouts),
+        )
         accepted = reason is None
         assignments = [self.pool.lookup(g.prompt_id) for g in batch.groups] if accepted else []
         tokens = sum(len(c.tokens) for g in batch.groups for c in g.completions)
-        rollouts = sum(len(g.completions) for g in batch.groups)
         receipt = self.identity.sign(
             Receipt(
                 job_id=self.job_id,
@@ -297,36 +275,7 @@ class Ingest:
         self.peers.on_verdict(
             sender, receipt.reason, rollouts, receipt.tokens, cycle_s, batch.generate_ms / 1000
         )
-        await framing.send(stream, receipt)
-
-    async def _verify(self, batch: RolloutBatch, sender: str) -> str | None:
-        if self.peers.banned(sender):
-            return BANNED
-        key = (sender, batch.nonce)
-
-        def nonce_seen(nonce: bytes) -> bool:
-            return key in self._verifying or self.ledger.nonce_accepted(sender, nonce)
-
-        reason = check_batch(batch, sender, self.pool, self.window(), nonce_seen, self.limits)
-        if reason is not None:
-            return reason
-        model = self.policies.get(batch.version)
-        if model is None:
-            return OUT_OF_WINDOW
-        prompts = [self.pool.lookup(g.prompt_id).tokens for g in batch.groups]  # type: ignore[union-attr]
-        self._verifying.add(key)
-        started = time.monotonic()
-        try:
-            error = await trio.to_thread.run_sync(logprob_error, model, prompts, batch, self.pad_id)
-        finally:
-            self._verifying.discard(key)
-        self.meter.on_verify(time.monotonic() - started, sum(len(g.completions) for g in batch.groups))
-        reason = check_logprobs(error, batch.dtype)
-        if reason is not None:
-            event(log, logging.INFO, "log-prob check failed", peer=sender, reason=reason, dtype=batch.dtype,
-                  worst=f"{error.worst:.3g}", mean=f"{error.mean:.3g}", surprise_z=f"{error.surprise_z:.2f}")
-            return reason
-        return recheck(batch, sender, self.pool, self.window())
+        return receipt
 
     def _score(self, assignment: Assignment, group) -> ScoredGroup:  # type: ignore[no-untyped-def]
         rewards = []
@@ -355,18 +304,16 @@ class Ingest:
 
     async def handle_receipts(self, stream: INetStream) -> None:
         peer = remote_peer(stream)
-        query = await framing.receive(stream, ReceiptQuery)
+        await receipts.answer(stream, lambda query: self._receipts(peer, query))
+
+    async def _receipts(self, peer: str, query: ReceiptQuery) -> ReceiptPage | ErrorReply:
         if query.job_id != self.job_id:
-            await framing.send(stream, ErrorReply("unknown_job", f"this learner runs {self.job_id}"))
-            return
+            return ErrorReply(UNKNOWN_JOB, f"this learner runs {self.job_id}")
         rows = self.ledger.receipts(peer, query.after_id, query.limit + 1)
         page = rows[: query.limit]
-        await framing.send(
-            stream,
-            ReceiptPage(
-                job_id=self.job_id,
-                receipts=tuple(codec.decode(r, Receipt) for _, r in page),
-                last_id=page[-1][0] if page else query.after_id,
-                more=len(rows) > query.limit,
-            ),
+        return ReceiptPage(
+            job_id=self.job_id,
+            receipts=tuple(codec.decode(r, Receipt) for _, r in page),
+            last_id=page[-1][0] if page else query.after_id,
+            more=len(rows) > query.limit,
         )

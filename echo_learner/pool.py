@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from echo_learner.tasks import TaskPrompt
+from echo_learner.tasks.base import TaskPrompt
 from echo_learner.trainer import ScoredGroup
 
 

@@ -32,7 +32,8 @@ from echo_learner.ledger import Ledger
 from echo_learner.model import config_json, describe, load_model, tokenizer_digest
 from echo_learner.peers import PeerBook
 from echo_learner.pool import PromptPool
-from echo_learner.tasks import TASKS, TaskPrompt
+from echo_learner.tasks.base import Task, TaskError, TaskPrompt
+from echo_learner.tasks.registry import load_task
 from echo_learner.trainer import Objective, StepStats, Trainer
 from echo_learner.verify import Limits, Policies
 from protocol import codec, manifest
@@ -43,22 +44,19 @@ from protocol.files import write_atomic
 from protocol.host import full_addrs
 from protocol.identity import Identity
 from protocol.lan import discover_lan
-from protocol.ids import (
-    JOB_DIRECTORY_KEY,
-    RECEIPTS_PROTOCOL,
-    ROLLOUT_PROTOCOL,
-    WORK_PROTOCOL,
-    manifest_key,
-)
+from protocol.ids import JOB_DIRECTORY_KEY, manifest_key
 from protocol.logs import event
-from protocol.messages import Have
+from protocol.messages import MAX_PROMPT_TOKENS
 from protocol.rpc import serve
 from protocol.swarm import Swarm, connect_bootstrap, open_swarm
+from protocol.wire import receipts, rollout, work
+from protocol.wire.have import Have
 
 log = logging.getLogger(__name__)
 
 DHT_TIMEOUT_S = 10.0
 HISTORY_STEPS = 5000  # step records kept in memory for the status API
+PROMPT_SAMPLE = 32  # prompts drawn at start to check that the task's fit the model
 
 
 class StartError(RuntimeError):
@@ -79,22 +77,24 @@ def check_data_dir(config: LearnerConfig) -> None:
 
 
 class Learner:
-    def __init__(self, config: LearnerConfig, identity: Identity):
+    def __init__(self, config: LearnerConfig, identity: Identity, task: Task | None = None):
         self.config = config
         self.identity = identity
         self.me = identity.peer_id_str
         self.job_id = config.job_for(self.me)
-        self.task = TASKS[config.task]
+        self.task = task or load_task(config.task)
         self.rng = random.Random(config.seed)
         torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
         self.model, self.tokenizer = load_model(config.model, config.seed)
+        self._check_prompts_fit()
         self.trainer = Trainer(
             self.model,
             lr=config.lr,
             objective=Objective(config.clip_eps, config.ratio_cap, config.kl_coef),
             pad_id=self.tokenizer.pad_token_id,
         )
+        config.data_dir.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(config.ledger_path)
         groups = config.prompts_per_step
         capacity = groups if config.mode == "sync" else groups * config.buffer_steps
@@ -173,9 +173,9 @@ class Learner:
                 await nursery.start(self.bootstrap_probe.run)
                 host = swarm.host
                 for protocol, handler in (
-                    (WORK_PROTOCOL, self.ingest.handle_work),
-                    (ROLLOUT_PROTOCOL, self.ingest.handle_rollouts),
-                    (RECEIPTS_PROTOCOL, self.ingest.handle_receipts),
+                    (work.PROTOCOL, self.ingest.handle_work),
+                    (rollout.PROTOCOL, self.ingest.handle_rollouts),
+                    (receipts.PROTOCOL, self.ingest.handle_receipts),
                 ):
                     host.set_stream_handler(protocol, serve(protocol, handler, cfg.request_timeout_s))
                 # The learner seeds each version into the swarm's broadcast.
@@ -239,9 +239,27 @@ class Learner:
 
     def _new_prompt(self) -> tuple[TaskPrompt, tuple[int, ...]]:
         prompt = self.task.sample(self.rng)
+        return prompt, self._tokens(prompt)
+
+    def _tokens(self, prompt: TaskPrompt) -> tuple[int, ...]:
         ids = self.tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
         bos = self.tokenizer.bos_token_id
-        return prompt, (*([] if bos is None else [bos]), *ids)
+        return (*([] if bos is None else [bos]), *ids)
+
+    def _check_prompts_fit(self) -> None:
+        """Refuse a task whose prompts (a sample of them) leave no room for
+        --max-new-tokens in the model's context, or exceed the wire's limit:
+        nodes would refuse every assignment."""
+        context = getattr(self.model.config, "max_position_embeddings", None) or MAX_PROMPT_TOKENS
+        room = min(context - self.config.max_new_tokens, MAX_PROMPT_TOKENS)
+        rng = random.Random(self.config.seed + 1)  # not self.rng: its draws are the training prompts
+        longest = max(len(self._tokens(self.task.sample(rng))) for _ in range(PROMPT_SAMPLE))
+        if longest > room:
+            raise TaskError(
+                f"task {self.task.name}: prompts of up to {longest} tokens do not fit: the model's context is "
+                f"{context} tokens with --max-new-tokens {self.config.max_new_tokens}, and prompts may have at "
+                f"most {MAX_PROMPT_TOKENS} tokens (choose a bigger model, e.g. --model smollm2, or a smaller task)"
+            )
 
     # --- training ----------------------------------------------------------------
 

@@ -1,9 +1,9 @@
 """Rollout verification: every batch is checked before it is trained on or credited.
 
 The checks run in a fixed order, cheapest and most telling first, and the
-first failure is the receipt's reason:
+first failure is the receipt's reason (``verify_batch`` runs them all):
 
-    size and schema (the codec, before this module)
+    size and schema (the codec, before this module) -> sender not banned
     -> signature -> job id -> a backend and dtype we support -> prompts
     assigned to this node -> policy version
     inside the staleness window -> nonce not seen before -> token ids and
@@ -17,23 +17,27 @@ Rewards are computed afterwards by the learner itself (``echo_learner.tasks``).
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import trio
 
 from echo_learner.logprobs import grouped_token_stats
 from echo_learner.pool import PromptPool
 from protocol.errors import SignatureError
 from protocol.identity import verify
-from protocol.messages import RolloutBatch
+from protocol.logs import event
+from protocol.wire.rollout import MALFORMED, RolloutBatch
+
+log = logging.getLogger(__name__)
 
 # Receipt reasons. Stable strings: nodes, the ledger and the status page show them.
 ACCEPTED = "ok"
-MALFORMED = "malformed"
 BANNED = "banned"
-TOO_MANY_REQUESTS = "too_many_requests"  # more work requests at once than allowed (no strike)
 WRONG_SIGNER = "wrong_signer"
 BAD_SIGNATURE = "bad_signature"
 WRONG_JOB = "wrong_job"
@@ -134,6 +138,57 @@ class Window:
 
     def __contains__(self, version: int) -> bool:
         return self.lo <= version <= self.hi
+
+
+async def verify_batch(
+    batch: RolloutBatch,
+    sender: str,
+    *,
+    banned: bool,
+    pool: PromptPool,
+    window: Callable[[], Window],
+    nonce_accepted: Callable[[bytes], bool],
+    limits: Limits,
+    policies: Policies,
+    pad_id: int,
+    in_flight: set[tuple[str, bytes]],
+    on_recomputed: Callable[[float], None],
+) -> str | None:
+    """Every check of ``batch`` sent by ``sender``, in order: the first
+    failure's reason, or None if the batch is accepted.
+
+    ``window()`` is asked twice: the log-prob recompute takes a while (it runs
+    in a worker thread, reported to ``on_recomputed(seconds)``) and the window
+    may move meanwhile. ``in_flight`` holds the (sender, nonce) of batches
+    being recomputed now, so that a copy sent meanwhile counts as replayed.
+    """
+    if banned:
+        return BANNED
+    key = (sender, batch.nonce)
+
+    def nonce_seen(nonce: bytes) -> bool:
+        return key in in_flight or nonce_accepted(nonce)
+
+    reason = check_batch(batch, sender, pool, window(), nonce_seen, limits)
+    if reason is not None:
+        return reason
+    model = policies.get(batch.version)
+    if model is None:
+        return OUT_OF_WINDOW
+    prompts = [pool.lookup(g.prompt_id).tokens for g in batch.groups]  # type: ignore[union-attr]
+    in_flight.add(key)
+    started = time.monotonic()
+    try:
+        error = await trio.to_thread.run_sync(logprob_error, model, prompts, batch, pad_id)
+    finally:
+        in_flight.discard(key)
+    on_recomputed(time.monotonic() - started)
+    reason = check_logprobs(error, batch.dtype)
+    if reason is not None:
+        event(log, logging.INFO, "log-prob check failed", peer=sender, reason=reason, dtype=batch.dtype,
+              worst=f"{error.worst:.3g}", mean=f"{error.mean:.3g}", surprise_z=f"{error.surprise_z:.2f}")
+        return reason
+    return recheck(batch, sender, pool, window())
 
 
 def check_batch(

@@ -25,8 +25,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from protocol.wire.work import WorkAssignment
 
-from protocol.messages import WorkAssignment
 
 # Below this, softmax(logits / T) underflows to a one-hot in float64 for
 # ordinary logit gaps: sampling degenerates to argmax and log-probs to

@@ -36,31 +36,10 @@ from protocol.broadcast.store import VersionStore
 from protocol.errors import ProtocolError, SignatureError
 from protocol.host import parse_multiaddr, parse_peer_addr
 from protocol.identity import Identity, verify
-from protocol.ids import (
-    JOB_DIRECTORY_KEY,
-    RECEIPTS_PROTOCOL,
-    RELAY_DIRECTORY_KEY,
-    ROLLOUT_PROTOCOL,
-    WORK_PROTOCOL,
-    manifest_key,
-)
+from protocol.ids import JOB_DIRECTORY_KEY, RELAY_DIRECTORY_KEY, manifest_key
 from protocol.lan import discover_lan
 from protocol.logs import event
-from protocol.messages import (
-    MAX_RECEIPTS_PER_PAGE,
-    UNSIGNED,
-    Completion,
-    ErrorReply,
-    Manifest,
-    NoWork,
-    Receipt,
-    ReceiptPage,
-    ReceiptQuery,
-    RolloutBatch,
-    RolloutGroup,
-    WorkAssignment,
-    WorkRequest,
-)
+from protocol.messages import UNSIGNED, ErrorReply, Manifest
 from protocol.reachability import PRIVATE, PUBLIC, Reachability, check_reachability
 from protocol.records import InvalidRecord, decode_record
 from protocol.rpc import RequestFailed, request
@@ -72,6 +51,10 @@ from protocol.swarm import (
     find_providers,
     open_swarm,
 )
+from protocol.wire import receipts, rollout, work
+from protocol.wire.receipts import ReceiptQuery
+from protocol.wire.rollout import Completion, Receipt, RolloutBatch, RolloutGroup
+from protocol.wire.work import NoWork, WorkAssignment, WorkRequest
 
 log = logging.getLogger(__name__)
 
@@ -192,10 +175,10 @@ class Node:
         """One assignment per request from the generator."""
         failures = refused = 0
         async for _ in wants:
-            work = None
-            while work is None:
+            assignment = None
+            while assignment is None:
                 try:
-                    work = await self.request_work()
+                    assignment = await self.request_work()
                 except (Refused, VersionTooLarge) as exc:
                     # The learner asked for something this node will not run:
                     # say so (the first time, then every 100th) and ask again later.
@@ -217,7 +200,7 @@ class Node:
                 if failures:
                     event(log, logging.WARNING, "learner is back", after_failures=failures)
                     failures = 0
-            await assignments.send(work)
+            await assignments.send(assignment)
 
     def _backoff_s(self, tries: int) -> float:
         """The pause before try ``tries + 1``: doubling from retry_s up to max_retry_s."""
@@ -227,7 +210,7 @@ class Node:
         self, assignments: trio.MemoryReceiveChannel[WorkAssignment], wants: trio.MemorySendChannel[None]
     ) -> None:
         await wants.send(None)
-        async for work in assignments:
+        async for assignment in assignments:
             # Fetching the next assignment during this generation hides the
             # request's round trip; a slow backend asks only when done, so an
             # assignment never waits out its deadline behind another.
@@ -235,7 +218,7 @@ class Node:
             if early:
                 await wants.send(None)
             started = time.monotonic()
-            await self.roll_out(work)
+            await self.roll_out(assignment)
             self._generate_s = time.monotonic() - started
             if not early:
                 await wants.send(None)
@@ -343,14 +326,12 @@ class Node:
         assert self.swarm is not None and self.learner is not None and self.backend is not None
         host, cfg = self.swarm.host, self.config
         await self._delay()
+        ask = WorkRequest(
+            self.job_id, cfg.max_prompts, self.version, self.backend.name, self.backend.dtype, cfg.name,
+            self.reachability.status,
+        )
         reply = await request(
-            host, self.learner, WORK_PROTOCOL,
-            WorkRequest(
-                self.job_id, cfg.max_prompts, self.version, self.backend.name, self.backend.dtype, cfg.name,
-                self.reachability.status,
-            ),
-            WorkAssignment, NoWork, ErrorReply,
-            timeout_s=cfg.work_timeout_s,
+            host, self.learner, work.PROTOCOL, lambda stream: work.ask(stream, ask), timeout_s=cfg.work_timeout_s
         )
         if isinstance(reply, ErrorReply):
             raise RequestFailed(f"learner refused work request: {reply.code}: {reply.message}")
@@ -469,28 +450,28 @@ class Node:
         assert self.swarm is not None and self.learner is not None
         await self._delay()
         return await request(
-            self.swarm.host, self.learner, ROLLOUT_PROTOCOL, batch, Receipt, ErrorReply,
+            self.swarm.host, self.learner, rollout.PROTOCOL, lambda stream: rollout.submit(stream, batch),
             timeout_s=self.config.request_timeout_s,
         )
 
-    async def fetch_receipts(self, page_size: int = MAX_RECEIPTS_PER_PAGE) -> list[Receipt]:
+    async def fetch_receipts(self, page_size: int = receipts.MAX_PER_PAGE) -> list[Receipt]:
         """Every receipt the learner holds for this node, each signature checked."""
         assert self.swarm is not None and self.learner is not None
-        receipts: list[Receipt] = []
+        held: list[Receipt] = []
         after = 0
         while True:
+            query = ReceiptQuery(self.job_id, after, page_size)
             page = await request(
-                self.swarm.host, self.learner, RECEIPTS_PROTOCOL,
-                ReceiptQuery(self.job_id, after, page_size), ReceiptPage, ErrorReply,
+                self.swarm.host, self.learner, receipts.PROTOCOL, lambda stream: receipts.ask(stream, query),
                 timeout_s=self.config.request_timeout_s,
             )
             if isinstance(page, ErrorReply):
                 raise RequestFailed(f"learner refused the receipts query: {page.code}: {page.message}")
             for receipt in page.receipts:
                 self._check_receipt_origin(receipt)
-            receipts.extend(page.receipts)
+            held.extend(page.receipts)
             if not page.more:
-                return receipts
+                return held
             after = page.last_id
 
     def _check_receipt_origin(self, receipt: Receipt) -> None:

@@ -19,35 +19,6 @@ from protocol.errors import DecodeError, MessageTooLarge
 from protocol.schema import from_wire, to_wire
 
 WIRE_VERSION = 1
-KiB = 1024
-MiB = 1024 * KiB
-
-# The largest encoded size of each kind. A frame over its kind's limit is
-# refused before it is read into memory (see protocol.framing).
-MAX_SIZE: dict[type, int] = {
-    m.WorkRequest: 1 * KiB,
-    m.WorkAssignment: 1 * MiB,
-    m.NoWork: 1 * KiB,
-    m.RolloutBatch: 8 * MiB,
-    m.Receipt: 2 * KiB,
-    m.ReceiptQuery: 1 * KiB,
-    m.ReceiptPage: m.MAX_RECEIPTS_PER_PAGE * 2 * KiB,
-    m.Manifest: 4 * MiB,
-    m.ManifestRequest: 1 * KiB,
-    m.Have: m.MAX_CHUNKS // 8 + 1 * KiB,
-    m.ChunkRequest: 1 * KiB,
-    m.ChunkData: m.MAX_CHUNK_BYTES + 1 * KiB,
-    m.ErrorReply: 2 * KiB,
-    m.Invite: 6 * KiB,
-    m.PunchRequest: 1 * KiB,
-    m.PunchReady: 1 * KiB,
-    m.PunchResult: 1 * KiB,
-    m.UploadSample: 256 * KiB + 1 * KiB,
-    m.UploadResult: 1 * KiB,
-}
-KINDS: dict[str, type] = {cls.__name__: cls for cls in MAX_SIZE}
-MAX_FRAME = max(MAX_SIZE.values())
-
 T = TypeVar("T")
 
 
@@ -58,17 +29,20 @@ def _packb(obj: Any) -> bytes:
 def encode(msg: Any) -> bytes:
     """Encode a message; raises ``MessageTooLarge`` if it exceeds its kind's limit."""
     cls = type(msg)
-    if cls not in MAX_SIZE:
-        raise TypeError(f"{cls.__name__} is not a protocol message")
+    limit = max_size(cls)
     data = _packb([WIRE_VERSION, cls.__name__, to_wire(msg)])
-    if len(data) > MAX_SIZE[cls]:
-        raise MessageTooLarge(f"{cls.__name__} is {len(data)} bytes, limit {MAX_SIZE[cls]}")
+    if len(data) > limit:
+        raise MessageTooLarge(f"{cls.__name__} is {len(data)} bytes, limit {limit}")
     return data
 
 
 def max_size(*expected: type) -> int:
-    """The largest frame any of the expected kinds may occupy."""
-    return max(MAX_SIZE[cls] for cls in expected)
+    """The largest frame any of the expected kinds may occupy (each kind's
+    ``MAX_BYTES``)."""
+    for cls in expected:
+        if not isinstance(getattr(cls, "MAX_BYTES", None), int):
+            raise TypeError(f"{cls.__name__} is not a protocol message")
+    return max(cls.MAX_BYTES for cls in expected)
 
 
 def decode(data: bytes, *expected: type[T]) -> T:
@@ -105,12 +79,12 @@ def decode(data: bytes, *expected: type[T]) -> T:
     version, kind, body = obj
     if version != WIRE_VERSION or type(version) is not int:
         raise DecodeError(f"wire version {version!r} not supported (we speak {WIRE_VERSION})")
-    cls = KINDS.get(kind) if type(kind) is str else None
-    if cls is None or cls not in expected:
+    cls = next((c for c in expected if c.__name__ == kind), None) if type(kind) is str else None
+    if cls is None:
         names = ", ".join(c.__name__ for c in expected)
         raise DecodeError(f"unexpected message kind {kind!r}, expected {names}")
-    if len(data) > MAX_SIZE[cls]:
-        raise MessageTooLarge(f"{kind} is {len(data)} bytes, limit {MAX_SIZE[cls]}")
+    if len(data) > cls.MAX_BYTES:
+        raise MessageTooLarge(f"{kind} is {len(data)} bytes, limit {cls.MAX_BYTES}")
     return from_wire(cls, body)
 
 

@@ -1,17 +1,9 @@
-"""Protocol ids and DHT keys. A protocol id's version changes with its wire format."""
+"""DHT keys and namespaces. (Stream protocol ids live with their protocols:
+``protocol.wire``, ``protocol.probe``.)"""
 
 from __future__ import annotations
 
 import hashlib
-
-WORK_PROTOCOL = "/echo-swarm/work/1.3.0"
-ROLLOUT_PROTOCOL = "/echo-swarm/rollout/1.0.0"
-RECEIPTS_PROTOCOL = "/echo-swarm/receipts/1.0.0"
-CHUNK_PROTOCOL = "/echo-swarm/chunk/1.0.0"
-HAVE_PROTOCOL = "/echo-swarm/have/1.0.0"
-# Answered by bootstrap peers and learners for `echo-node doctor`.
-PUNCH_PROTOCOL = "/echo-swarm/punch/1.0.0"
-UPLOAD_PROTOCOL = "/echo-swarm/upload/1.0.0"
 
 # DHT namespace of our records; bootstrap peers and everyone else register a
 # validator for it (protocol.records) so forged records are refused.

@@ -49,7 +49,7 @@ def parse(text: str) -> Invite:
     text = text.strip()
     if not text.startswith(PREFIX):
         raise BadInvite(f"an invite starts with {PREFIX!r} (echo-learner invite prints one)")
-    if len(text) > 2 * codec.MAX_SIZE[Invite]:
+    if len(text) > 2 * Invite.MAX_BYTES:
         raise BadInvite("the invite is too long")
     body = text[len(PREFIX) :]
     try:

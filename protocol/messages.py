@@ -1,14 +1,23 @@
-"""Every message Echo Swarm sends, with the type and bound of every field.
+"""The bounds every message is checked against, and the messages that are not
+one protocol's own: the signed ``Manifest`` (served on the chunk protocol,
+published in the DHT, kept on disk), the signed ``Invite`` and ``ErrorReply``.
 
-Field order is the wire order. ``docs/protocol.md`` documents the same
-definitions for people writing other clients; keep the two in step.
+Each stream protocol's own messages live in its module under
+``protocol.wire``. Field order is the wire order; ``MAX_BYTES`` is the
+largest encoded size of a kind (``protocol.codec`` refuses bigger frames
+unread). ``docs/protocol.md`` documents the same definitions for people
+writing other clients; keep the two in step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
-from protocol.schema import Bool, Bytes, Float, Int, ListOf, Nested, Str, check
+from protocol.schema import Bytes, Int, ListOf, Str, check
+
+KiB = 1024
+MiB = 1024 * KiB
 
 # Bounds shared by several messages. They are protocol constants, not tuning
 # knobs: changing one is a protocol version change.
@@ -23,7 +32,6 @@ MAX_NAME = 32  # a node's display name (untrusted text: shown only as text)
 MAX_GROUP = 64
 MAX_CHUNKS = 65536
 MAX_CHUNK_BYTES = 4 * 2**20
-MAX_RECEIPTS_PER_PAGE = 500
 SHA256 = Bytes(32, 32)
 SIGNATURE = Bytes(64, 64)
 PEER_ID = Str(MAX_PEER_ID)
@@ -39,142 +47,14 @@ REACHABILITY = ("unknown", "public", "private")
 MAX_ADDR = 256  # one multiaddr as text
 
 
-# --- work protocol -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class WorkRequest:
-    """A node asks the learner for prompts to roll out."""
-
-    job_id: str = field(metadata=check(JOB_ID))
-    max_prompts: int = field(metadata=check(Int(1, MAX_PROMPTS)))
-    held_version: int = field(metadata=check(Int(-1, MAX_U53)))
-    backend: str = field(metadata=check(Str(16, BACKENDS)))
-    dtype: str = field(metadata=check(Str(16, DTYPES)))
-    name: str = field(metadata=check(Str(MAX_NAME)))
-    # What the node's AutoNAT check found; the learner shows it on the status
-    # page (whether the connection itself is relayed the learner sees itself).
-    reachability: str = field(metadata=check(Str(16, REACHABILITY)))
-
-
-@dataclass(frozen=True)
-class Prompt:
-    prompt_id: int = field(metadata=check(Int(0, MAX_U53)))
-    tokens: tuple[int, ...] = field(metadata=check(ListOf(TOKEN, MAX_PROMPT_TOKENS, 1)))
-
-
-@dataclass(frozen=True)
-class WorkAssignment:
-    """Prompts chosen by the learner; the node may not pick its own.
-
-    ``version`` is the learner's newest policy; a node may generate with any
-    version from ``min_version`` to ``version`` it already holds (async mode's
-    staleness window; in sync mode the two are equal) and fetch the newest
-    while it works.
-    """
-
-    job_id: str = field(metadata=check(JOB_ID))
-    version: int = field(metadata=check(VERSION))
-    min_version: int = field(metadata=check(VERSION))
-    prompts: tuple[Prompt, ...] = field(metadata=check(ListOf(Nested(Prompt), MAX_PROMPTS, 1)))
-    group_size: int = field(metadata=check(Int(1, MAX_GROUP)))
-    max_new_tokens: int = field(metadata=check(Int(1, MAX_NEW_TOKENS)))
-    temperature: float = field(metadata=check(Float(0.0, 10.0)))
-    stop_token_ids: tuple[int, ...] = field(metadata=check(ListOf(TOKEN, 16)))
-    deadline_ms: int = field(metadata=check(TIME_MS))
-
-
-@dataclass(frozen=True)
-class NoWork:
-    """Nothing to hand out right now (e.g. the learner is training); ask again."""
-
-    job_id: str = field(metadata=check(JOB_ID))
-    version: int = field(metadata=check(VERSION))
-    retry_after_ms: int = field(metadata=check(Int(0, 600_000)))
-    reason: str = field(metadata=check(Str(200)))
-
-
-# --- rollout protocol ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Completion:
-    tokens: tuple[int, ...] = field(metadata=check(ListOf(TOKEN, MAX_NEW_TOKENS)))
-    # Log-prob of each sampled token under the node's weights (behaviour policy).
-    logprobs: tuple[float, ...] = field(metadata=check(ListOf(Float(-1e4, 0.0), MAX_NEW_TOKENS)))
-
-
-@dataclass(frozen=True)
-class RolloutGroup:
-    prompt_id: int = field(metadata=check(Int(0, MAX_U53)))
-    completions: tuple[Completion, ...] = field(
-        metadata=check(ListOf(Nested(Completion), MAX_GROUP, 1))
-    )
-
-
-@dataclass(frozen=True)
-class RolloutBatch:
-    """Completions for assigned prompts, signed by the node that made them."""
-
-    job_id: str = field(metadata=check(JOB_ID))
-    version: int = field(metadata=check(VERSION))
-    peer_id: str = field(metadata=check(PEER_ID))
-    nonce: bytes = field(metadata=check(Bytes(16, 16)))
-    backend: str = field(metadata=check(Str(16, BACKENDS)))
-    dtype: str = field(metadata=check(Str(16, DTYPES)))
-    generate_ms: int = field(metadata=check(Int(0, MAX_U53)))
-    groups: tuple[RolloutGroup, ...] = field(
-        metadata=check(ListOf(Nested(RolloutGroup), MAX_PROMPTS, 1))
-    )
-    signature: bytes = field(metadata=check(SIGNATURE))
-
-
-@dataclass(frozen=True)
-class Receipt:
-    """The learner's signed verdict on one rollout batch."""
-
-    job_id: str = field(metadata=check(JOB_ID))
-    batch_hash: bytes = field(metadata=check(SHA256))
-    peer_id: str = field(metadata=check(PEER_ID))
-    version: int = field(metadata=check(VERSION))
-    verdict: str = field(metadata=check(Str(16, VERDICTS)))
-    reason: str = field(metadata=check(Str(200)))
-    tokens: int = field(metadata=check(Int(0, MAX_U53)))
-    credit: float = field(metadata=check(Float(0.0, 1e15)))
-    created_ms: int = field(metadata=check(TIME_MS))
-    learner_id: str = field(metadata=check(PEER_ID))
-    signature: bytes = field(metadata=check(SIGNATURE))
-
-
-@dataclass(frozen=True)
-class ReceiptQuery:
-    """A node asks the learner for its own receipts (the learner answers only
-    with receipts of the peer on the other end of the connection)."""
-
-    job_id: str = field(metadata=check(JOB_ID))
-    after_id: int = field(metadata=check(Int(0, MAX_U53)))
-    limit: int = field(metadata=check(Int(1, MAX_RECEIPTS_PER_PAGE)))
-
-
-@dataclass(frozen=True)
-class ReceiptPage:
-    """Receipts with ledger ids above the query's ``after_id``, oldest first;
-    ask again from ``last_id`` while ``more`` is true."""
-
-    job_id: str = field(metadata=check(JOB_ID))
-    receipts: tuple[Receipt, ...] = field(
-        metadata=check(ListOf(Nested(Receipt), MAX_RECEIPTS_PER_PAGE))
-    )
-    last_id: int = field(metadata=check(Int(0, MAX_U53)))
-    more: bool = field(metadata=check(Bool()))
-
-
-# --- weights -----------------------------------------------------------------
+# --- signed documents -------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Manifest:
     """A policy version: what the weights are and how they are chunked."""
+
+    MAX_BYTES: ClassVar[int] = 4 * MiB
 
     job_id: str = field(metadata=check(JOB_ID))
     version: int = field(metadata=check(VERSION))
@@ -193,50 +73,14 @@ class Manifest:
 
 
 @dataclass(frozen=True)
-class ManifestRequest:
-    """Ask a peer for a signed manifest it holds (``version`` -1: its newest)."""
-
-    job_id: str = field(metadata=check(JOB_ID))
-    version: int = field(metadata=check(Int(-1, MAX_U53)))
-
-
-@dataclass(frozen=True)
-class Have:
-    """Which chunks of a version the sender holds (bit i of byte i // 8 is
-    chunk i, least significant bit first). Sent on a have-stream whenever it
-    changes."""
-
-    job_id: str = field(metadata=check(JOB_ID))
-    version: int = field(metadata=check(Int(-1, MAX_U53)))
-    manifest_digest: bytes = field(metadata=check(Bytes(0, 32)))
-    bitfield: bytes = field(metadata=check(Bytes(0, MAX_CHUNKS // 8)))
-
-
-@dataclass(frozen=True)
-class ChunkRequest:
-    job_id: str = field(metadata=check(JOB_ID))
-    version: int = field(metadata=check(VERSION))
-    index: int = field(metadata=check(Int(0, MAX_CHUNKS - 1)))
-
-
-@dataclass(frozen=True)
-class ChunkData:
-    job_id: str = field(metadata=check(JOB_ID))
-    version: int = field(metadata=check(VERSION))
-    index: int = field(metadata=check(Int(0, MAX_CHUNKS - 1)))
-    data: bytes = field(metadata=check(Bytes(0, MAX_CHUNK_BYTES)))
-
-
-# --- joining -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
 class Invite:
     """Everything a node needs to join one job, signed by its learner.
 
     ``echo-learner invite`` prints it as one string (``protocol.invite``);
     ``echo-node join <invite>`` trusts ``learner_id`` and nothing else.
     """
+
+    MAX_BYTES: ClassVar[int] = 6 * KiB
 
     job_id: str = field(metadata=check(JOB_ID))
     learner_id: str = field(metadata=check(PEER_ID))
@@ -247,46 +91,6 @@ class Invite:
     signature: bytes = field(metadata=check(SIGNATURE))
 
 
-# --- probes a node runs against a public peer (echo-node doctor) ---------------
-
-
-@dataclass(frozen=True)
-class PunchRequest:
-    """Try a TCP hole punch with me: I will dial you from my listen ``port``."""
-
-    port: int = field(metadata=check(Int(1, 65535)))
-
-
-@dataclass(frozen=True)
-class PunchReady:
-    """Dial me at ``port`` now; I am dialling your observed IP at your port."""
-
-    port: int = field(metadata=check(Int(1, 65535)))
-
-
-@dataclass(frozen=True)
-class PunchResult:
-    """Whether my dial to you got through (``detail``: why not)."""
-
-    reached: bool = field(metadata=check(Bool()))
-    detail: str = field(metadata=check(Str(200)))
-
-
-@dataclass(frozen=True)
-class UploadSample:
-    """Bytes to time an upload with; an empty one ends the sample."""
-
-    data: bytes = field(metadata=check(Bytes(0, 256 * 1024)))
-
-
-@dataclass(frozen=True)
-class UploadResult:
-    """How many sample bytes arrived, over how long (first to last byte)."""
-
-    received: int = field(metadata=check(Int(0, MAX_U53)))
-    elapsed_ms: int = field(metadata=check(Int(0, MAX_U53)))
-
-
 # --- shared ------------------------------------------------------------------
 
 
@@ -294,9 +98,14 @@ class UploadResult:
 class ErrorReply:
     """A request refused before any answer could be given (unknown job, ...)."""
 
+    MAX_BYTES: ClassVar[int] = 2 * KiB
+
     code: str = field(metadata=check(Str(32)))
     message: str = field(metadata=check(Str(500)))
 
+
+# The error code every request protocol answers a request for another job with.
+UNKNOWN_JOB = "unknown_job"
 
 UNSIGNED = bytes(64)  # placeholder signature before signing
 

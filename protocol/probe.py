@@ -21,22 +21,74 @@ from __future__ import annotations
 
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.peer.id import ID
 
 from protocol import framing
-from protocol.ids import PUNCH_PROTOCOL, UPLOAD_PROTOCOL
-from protocol.messages import PunchReady, PunchRequest, PunchResult, UploadResult, UploadSample
+from protocol.messages import MAX_U53, KiB
 from protocol.rpc import serve
+from protocol.schema import Bool, Bytes, Int, Str, check
+
+# Answered by bootstrap peers and learners.
+PUNCH_PROTOCOL = "/echo-swarm/punch/1.0.0"
+UPLOAD_PROTOCOL = "/echo-swarm/upload/1.0.0"
 
 PUNCH_TIMEOUT_S = 4.0
 UPLOAD_S = 2.0
 MAX_UPLOAD_BYTES = 16 * 1024 * 1024
 SAMPLE = bytes(256 * 1024)
 MAX_PROBES = 4  # at once, per server
+
+
+@dataclass(frozen=True)
+class PunchRequest:
+    """Try a TCP hole punch with me: I will dial you from my listen ``port``."""
+
+    MAX_BYTES: ClassVar[int] = 1 * KiB
+
+    port: int = field(metadata=check(Int(1, 65535)))
+
+
+@dataclass(frozen=True)
+class PunchReady:
+    """Dial me at ``port`` now; I am dialling your observed IP at your port."""
+
+    MAX_BYTES: ClassVar[int] = 1 * KiB
+
+    port: int = field(metadata=check(Int(1, 65535)))
+
+
+@dataclass(frozen=True)
+class PunchResult:
+    """Whether my dial to you got through (``detail``: why not)."""
+
+    MAX_BYTES: ClassVar[int] = 1 * KiB
+
+    reached: bool = field(metadata=check(Bool()))
+    detail: str = field(metadata=check(Str(200)))
+
+
+@dataclass(frozen=True)
+class UploadSample:
+    """Bytes to time an upload with; an empty one ends the sample."""
+
+    MAX_BYTES: ClassVar[int] = 256 * KiB + 1 * KiB
+
+    data: bytes = field(metadata=check(Bytes(0, 256 * 1024)))
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    """How many sample bytes arrived, over how long (first to last byte)."""
+
+    MAX_BYTES: ClassVar[int] = 1 * KiB
+
+    received: int = field(metadata=check(Int(0, MAX_U53)))
+    elapsed_ms: int = field(metadata=check(Int(0, MAX_U53)))
 
 
 def _reuse_socket(family: int) -> trio.socket.SocketType:

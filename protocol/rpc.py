@@ -1,6 +1,7 @@
-"""One request, one response, one stream: the shape of every Echo Swarm protocol.
+"""libp2p glue for the stream protocols of ``protocol.wire``.
 
-``request`` is the client side; ``serve`` wraps a server-side handler so that
+``request`` opens a stream and runs a protocol's client side on it; ``serve``
+wraps a server-side handler so that
 a misbehaving peer (bad bytes, oversized frame, stream cut) costs only its own
 stream, logged with its peer id, and every stream is closed.
 """
@@ -16,7 +17,6 @@ from libp2p.abc import IHost, INetStream
 from libp2p.network.stream.exceptions import StreamError
 from libp2p.peer.id import ID
 
-from protocol import framing
 from protocol.errors import ProtocolError
 from protocol.logs import event
 
@@ -59,17 +59,17 @@ async def request(
     host: IHost,
     peer: ID,
     protocol: str,
-    msg: Any,
-    *expected: type[T],
+    talk: Callable[[INetStream], Awaitable[T]],
+    *,
     timeout_s: float,
 ) -> T:
-    """Send ``msg`` on a new stream and return the decoded answer."""
+    """Open a stream to ``peer`` for ``protocol``, run ``talk`` on it (a client
+    side from ``protocol.wire``) and close it; ``RequestFailed`` on any failure."""
     stream = None
     try:
         with trio.fail_after(timeout_s):
             stream = await host.new_stream(peer, [protocol])
-            await framing.send(stream, msg)
-            return await framing.receive(stream, *expected)
+            return await talk(stream)
     except ProtocolError as exc:
         raise RequestFailed(f"{protocol} to {peer}: {exc}") from exc
     except trio.TooSlowError:

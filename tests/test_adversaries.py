@@ -32,9 +32,11 @@ from echo_node.config import NodeConfig
 from echo_node.node import Node
 from protocol import framing
 from protocol.identity import load_or_create, verify
-from protocol.ids import ROLLOUT_PROTOCOL, WORK_PROTOCOL
-from protocol.messages import UNSIGNED, Completion, ErrorReply, NoWork, Receipt, WorkAssignment, WorkRequest
+from protocol.messages import UNSIGNED, ErrorReply
 from protocol.rpc import request
+from protocol.wire import rollout, work
+from protocol.wire.rollout import Completion, Receipt
+from protocol.wire.work import WorkAssignment, WorkRequest
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
@@ -78,10 +80,10 @@ class Adversary(Node):
         self.replies = []
         self.done = trio.Event()
 
-    async def roll_out(self, work: WorkAssignment) -> None:
+    async def roll_out(self, assignment: WorkAssignment) -> None:
         if self.done.is_set():
             await trio.sleep_forever()
-        honest = await self.make_batch(work)
+        honest = await self.make_batch(assignment)
         if self.attack == "impersonate":
             # Claims to be the victim; can only sign with its own key.
             batches = [resign(self, honest, peer_id=self.victim)]
@@ -90,14 +92,14 @@ class Adversary(Node):
             for frame in (b"\xc1" * 64, None):
                 self.replies.append(await self.raw_send(frame))
         else:
-            batches = self.attack(self, honest, work)
+            batches = self.attack(self, honest, assignment)
         for batch in batches:
             self.replies.append(await self.submit(batch))
         self.done.set()
 
     async def raw_send(self, body):
         """A garbage frame, or (body None) a length prefix far over any limit."""
-        stream = await self.swarm.host.new_stream(self.learner, [ROLLOUT_PROTOCOL])
+        stream = await self.swarm.host.new_stream(self.learner, [rollout.PROTOCOL])
         try:
             header = struct.pack(">I", 0x7FFF_FFFF if body is None else len(body))
             await stream.write(header + (body or b""))
@@ -141,9 +143,8 @@ async def test_dishonest_nodes_are_refused_and_honest_ones_are_not(swarm_factory
             # The forger struck three times: it is banned from work too.
             forger = adversaries["forge"]
             reply = await request(
-                forger.swarm.host, forger.learner, WORK_PROTOCOL,
-                WorkRequest(forger.job_id, 4, forger.version, "torch", "f32", "", "unknown"),
-                WorkAssignment, NoWork, ErrorReply, timeout_s=30,
+                forger.swarm.host, forger.learner, work.PROTOCOL,
+                lambda stream: work.ask(stream, WorkRequest(forger.job_id, 4, forger.version, "torch", "f32", "", "unknown")), timeout_s=30,
             )
             assert isinstance(reply, ErrorReply) and reply.code == "banned"
             nursery.cancel_scope.cancel()

@@ -21,7 +21,7 @@ import torch
 
 from protocol import codec
 from protocol.identity import load_or_create, verify
-from protocol.messages import Receipt, RolloutBatch
+from protocol.wire.rollout import Receipt, RolloutBatch
 
 CHECKPOINT_EVERY = 5
 

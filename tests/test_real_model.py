@@ -21,7 +21,7 @@ from echo_learner.model import smollm2_path
 from echo_node.backend import llama_installed
 from protocol import codec
 from protocol.identity import load_or_create
-from protocol.messages import RolloutBatch
+from protocol.wire.rollout import RolloutBatch
 
 
 pytestmark = [

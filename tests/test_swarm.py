@@ -5,7 +5,7 @@ import sqlite3
 
 from protocol import codec
 from protocol.identity import verify
-from protocol.messages import Receipt
+from protocol.wire.rollout import Receipt
 
 STEPS = 60
 

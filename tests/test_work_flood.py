@@ -14,9 +14,10 @@ from echo_node.backend_torch import TorchBackend
 from echo_node.config import NodeConfig
 from echo_node.node import Node
 from protocol.identity import load_or_create
-from protocol.ids import WORK_PROTOCOL
-from protocol.messages import ErrorReply, NoWork, WorkAssignment, WorkRequest
+from protocol.messages import ErrorReply
 from protocol.rpc import RequestFailed, request
+from protocol.wire import work
+from protocol.wire.work import WorkAssignment, WorkRequest
 from tests.test_adversaries import LOOPBACK, _wait_for_steps
 
 IN_FLIGHT = 16  # the flooder's concurrent work requests
@@ -50,9 +51,8 @@ async def test_a_work_flood_gets_a_newcomers_share_and_honest_nodes_keep_trainin
         while True:
             try:
                 reply = await request(
-                    node.swarm.host, node.learner, WORK_PROTOCOL,
-                    WorkRequest(node.job_id, 4, -1, "torch", "f32", name, "public"),
-                    WorkAssignment, NoWork, ErrorReply, timeout_s=60,
+                    node.swarm.host, node.learner, work.PROTOCOL,
+                    lambda stream: work.ask(stream, WorkRequest(node.job_id, 4, -1, "torch", "f32", name, "public")), timeout_s=60,
                 )
             except RequestFailed:
                 return  # the learner finished and left

@@ -39,7 +39,6 @@ from libp2p.network.stream.exceptions import StreamError
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from protocol import codec, framing
 from protocol import manifest as manifests
 from protocol.broadcast import bitfield
 from protocol.broadcast.scheduler import Download, SchedulerConfig
@@ -47,11 +46,14 @@ from protocol.broadcast.serving import ChunkServer, manifest_digest
 from protocol.broadcast.store import VersionStore
 from protocol.dial import DialFailed, is_relayed
 from protocol.errors import ChunkHashMismatch, ProtocolError
-from protocol.ids import CHUNK_PROTOCOL, HAVE_PROTOCOL, swarm_key
+from protocol.ids import swarm_key
 from protocol.logs import event
-from protocol.messages import ChunkData, ChunkRequest, ErrorReply, Have, Manifest, ManifestRequest
+from protocol.messages import ErrorReply, Manifest
 from protocol.rpc import RequestFailed, remote_peer, request, route, serve
 from protocol.swarm import Swarm, announce, find_providers, reach
+from protocol.wire import chunk, have
+from protocol.wire.chunk import ChunkRequest, ManifestRequest
+from protocol.wire.have import Have
 
 log = logging.getLogger(__name__)
 
@@ -170,8 +172,8 @@ class BroadcastEngine:
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         host = self.swarm.host
-        host.set_stream_handler(HAVE_PROTOCOL, self._on_have_stream)
-        host.set_stream_handler(CHUNK_PROTOCOL, serve(CHUNK_PROTOCOL, self.server.serve, math.inf))
+        host.set_stream_handler(have.PROTOCOL, self._on_have_stream)
+        host.set_stream_handler(chunk.PROTOCOL, serve(chunk.PROTOCOL, self.server.serve, math.inf))
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._discover_loop)
@@ -259,7 +261,7 @@ class BroadcastEngine:
                 if info.addrs:
                     how = await reach(self.swarm, info, self.config.request_timeout_s)
                     event(log, logging.DEBUG, "connected to peer", peer=peer, route=how)
-                stream = await self.swarm.host.new_stream(info.peer_id, [HAVE_PROTOCOL])
+                stream = await self.swarm.host.new_stream(info.peer_id, [have.PROTOCOL])
         except (trio.TooSlowError, DialFailed, *PEER_ERRORS) as exc:
             self.neighbours.pop(peer, None)
             event(log, logging.DEBUG, "could not reach peer", peer=peer, error=exc)
@@ -334,10 +336,10 @@ class BroadcastEngine:
         last = None
         while True:
             changed = self._local_changed
-            have = self._my_have()
-            if have != last:
-                await framing.send(stream, have)
-                last = have
+            mine = self._my_have()
+            if mine != last:
+                await have.send(stream, mine)
+                last = mine
                 # Coalesce: chunks that arrive meanwhile go out in one Have.
                 await trio.sleep(self.config.have_interval_s)
                 continue
@@ -345,28 +347,28 @@ class BroadcastEngine:
 
     async def _have_reader(self, peer: str, stream: INetStream) -> None:
         while True:
-            have = await framing.receive(stream, Have)
-            if have.job_id != self.job_id:
-                raise ProtocolError(f"have for job {have.job_id}")
-            self.neighbours[peer] = have
+            theirs = await have.receive(stream)
+            if theirs.job_id != self.job_id:
+                raise ProtocolError(f"have for job {theirs.job_id}")
+            self.neighbours[peer] = theirs
             if self.have_listener is not None:
-                self.have_listener(peer, have)
+                self.have_listener(peer, theirs)
             newest = self.newest_wanted()
-            if newest is None or have.version > newest.version:
-                self._learn_version(peer, have.version)
-            self._apply_have(peer, have)
+            if newest is None or theirs.version > newest.version:
+                self._learn_version(peer, theirs.version)
+            self._apply_have(peer, theirs)
 
-    def _apply_have(self, peer: str, have: Have) -> None:
+    def _apply_have(self, peer: str, latest: Have) -> None:
         m, d = self.target, self.download
-        if m is None or d is None or have.version != m.version:
+        if m is None or d is None or latest.version != m.version:
             return
         if self.banned(peer):
             d.drop(peer)
             return
-        if have.manifest_digest != manifest_digest(m):
+        if latest.manifest_digest != manifest_digest(m):
             return  # same number, other weights (e.g. a restarted run): not ours
         try:
-            d.update_peer(peer, bitfield.decode(have.bitfield, len(m.chunk_hashes)))
+            d.update_peer(peer, bitfield.decode(latest.bitfield, len(m.chunk_hashes)))
         except ProtocolError as exc:
             event(log, logging.INFO, "bad have", peer=peer, error=exc)
             return
@@ -381,9 +383,9 @@ class BroadcastEngine:
     async def fetch_manifest(self, peer: str, version: int = -1) -> Manifest:
         """Manifest ``version`` (-1: the newest) from ``peer``, checked against the
         job and the learner's key; ``RequestFailed`` otherwise."""
+        ask = ManifestRequest(self.job_id, version)
         reply = await request(
-            self.swarm.host, ID.from_base58(peer), CHUNK_PROTOCOL,
-            ManifestRequest(self.job_id, version), Manifest, ErrorReply,
+            self.swarm.host, ID.from_base58(peer), chunk.PROTOCOL, lambda stream: chunk.ask_manifest(stream, ask),
             timeout_s=self.config.request_timeout_s,
         )
         if isinstance(reply, ErrorReply):
@@ -424,9 +426,9 @@ class BroadcastEngine:
             relayed=self._relayed,
             trusted=self._trusted,
         )
-        for peer, have in self.neighbours.items():
-            if have is not None:
-                self._apply_have(peer, have)
+        for peer, latest in self.neighbours.items():
+            if latest is not None:
+                self._apply_have(peer, latest)
         self._poke_local()
 
     async def _download_loop(self) -> None:
@@ -528,11 +530,8 @@ class BroadcastEngine:
 
             try:
                 if stream is None:
-                    stream = await self.swarm.host.new_stream(ID.from_base58(peer), [CHUNK_PROTOCOL])
-                await framing.send(stream, ChunkRequest(self.job_id, m.version, idx))
-                frame = await framing.read_frame(
-                    stream, codec.max_size(ChunkData, ErrorReply), progress
-                )
+                    stream = await self.swarm.host.new_stream(ID.from_base58(peer), [chunk.PROTOCOL])
+                reply = await chunk.ask_chunk(stream, ChunkRequest(self.job_id, m.version, idx), progress)
                 reusable = True
             finally:
                 self._open.pop((peer, idx), None)
@@ -546,11 +545,10 @@ class BroadcastEngine:
             self.stats.stalls[peer] += 1
             event(log, logging.INFO, "peer stalled; reissuing", peer=peer, chunk=idx)
             return "stalled"
-        reply = codec.decode(frame, ChunkData, ErrorReply)
         if isinstance(reply, ErrorReply):
-            if reply.code == "unknown_chunk" and self._announces(peer, m, idx):
+            if reply.code == chunk.UNKNOWN_CHUNK and self._announces(peer, m, idx):
                 return "denied"
-            return reply.code if reply.code in ("busy", "ask_others") else "failed"
+            return reply.code if reply.code in (chunk.BUSY, chunk.ASK_OTHERS) else "failed"
         if (reply.job_id, reply.version, reply.index) != (self.job_id, m.version, idx):
             return "bad"
         try:
@@ -566,11 +564,11 @@ class BroadcastEngine:
 
     def _announces(self, peer: str, m: Manifest, idx: int) -> bool:
         """Does ``peer``'s latest Have still name chunk ``idx`` of ``m``?"""
-        have = self.neighbours.get(peer)
-        if have is None or have.version != m.version or have.manifest_digest != manifest_digest(m):
+        latest = self.neighbours.get(peer)
+        if latest is None or latest.version != m.version or latest.manifest_digest != manifest_digest(m):
             return False
         byte = idx // 8
-        return len(have.bitfield) > byte and bool(have.bitfield[byte] >> (idx % 8) & 1)
+        return len(latest.bitfield) > byte and bool(latest.bitfield[byte] >> (idx % 8) & 1)
 
     # --- discovery -----------------------------------------------------------------
 

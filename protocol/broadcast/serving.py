@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING
 import trio
 from libp2p.abc import INetStream
 
-from protocol import codec, framing
+from protocol import codec
 from protocol.broadcast.ratelimit import TokenBucket
 from protocol.broadcast.scheduler import UploadPolicy
 from protocol.errors import ProtocolError
-from protocol.messages import ChunkData, ChunkRequest, ErrorReply, Manifest, ManifestRequest
+from protocol.messages import UNKNOWN_JOB, ErrorReply, Manifest
 from protocol.rpc import remote_peer
+from protocol.wire import chunk
+from protocol.wire.chunk import ChunkData, ManifestRequest
 
 if TYPE_CHECKING:
     from protocol.broadcast.engine import BroadcastEngine
@@ -42,38 +44,33 @@ class ChunkServer:
 
     async def serve(self, stream: INetStream) -> None:
         """Answer requests on ``stream`` until the peer ends it."""
-        while True:
-            req = await framing.receive_or_end(stream, ManifestRequest, ChunkRequest)
-            if req is None:
-                return
+        while (req := await chunk.next_request(stream)) is not None:
             await self.answer(stream, req)
 
-    async def answer(self, stream: INetStream, req: ManifestRequest | ChunkRequest) -> None:
+    async def answer(self, stream: INetStream, req: chunk.Request) -> None:
         e = self.engine
         if req.job_id != e.job_id:
-            await framing.send(stream, ErrorReply("unknown_job", f"this swarm runs {e.job_id}"))
+            await chunk.send_reply(stream, ErrorReply(UNKNOWN_JOB, f"this swarm runs {e.job_id}"))
             return
         if isinstance(req, ManifestRequest):
             m = e.store.newest() if req.version < 0 else e.store.manifests.get(req.version)
-            if m is None:
-                await framing.send(stream, ErrorReply("unknown_version", f"no v{req.version}"))
-            else:
-                await framing.send(stream, m)
+            reply = m or ErrorReply(chunk.UNKNOWN_VERSION, f"no v{req.version}")
+            await chunk.send_reply(stream, reply)
             return
         data = e.store.read(req.version, req.index) if e.config.relay or e.is_seed else None
         if data is None:
-            await framing.send(
-                stream, ErrorReply("unknown_chunk", f"no chunk {req.index} of v{req.version}")
+            await chunk.send_reply(
+                stream, ErrorReply(chunk.UNKNOWN_CHUNK, f"no chunk {req.index} of v{req.version}")
             )
             return
         policy = self._policy(req.version)
         verdict = policy.allow(req.index, self._holders(req.version, req.index), remote_peer(stream))
         if verdict != "ok":
-            await framing.send(stream, ErrorReply(verdict, "fetch it later or from another peer"))
+            await chunk.send_reply(stream, ErrorReply(verdict, "fetch it later or from another peer"))
             return
         ok = False
         try:
-            payload = codec.encode(ChunkData(e.job_id, req.version, req.index, data))
+            reply = ChunkData(e.job_id, req.version, req.index, data)
             async with self._slots:
                 # A requester that stops reading would hold an upload slot
                 # for ever: each piece must leave within stall_s.
@@ -83,9 +80,7 @@ class ChunkServer:
                         await self.bucket.take(n)
                         scope.deadline = trio.current_time() + e.config.stall_s
 
-                    await framing.write_frame(
-                        stream, payload, piece_size=e.config.piece_bytes, before_piece=paced
-                    )
+                    await chunk.send_chunk(stream, reply, piece_bytes=e.config.piece_bytes, before_piece=paced)
             if scope.cancelled_caught:
                 raise ProtocolError(f"stopped reading chunk {req.index} of v{req.version}")
             ok = True

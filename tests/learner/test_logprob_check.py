@@ -21,7 +21,8 @@ from echo_learner.verify import (
     logprob_error,
 )
 from echo_node.backend_torch import TorchBackend
-from protocol.messages import UNSIGNED, Completion, RolloutBatch, RolloutGroup
+from protocol.messages import UNSIGNED
+from protocol.wire.rollout import Completion, RolloutBatch, RolloutGroup
 from tests.protocol.samples import NODE
 
 GROUP = 16

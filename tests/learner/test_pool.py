@@ -3,7 +3,7 @@
 import trio
 
 from echo_learner.pool import PromptPool
-from echo_learner.tasks import TaskPrompt
+from echo_learner.tasks.base import TaskPrompt
 
 
 def pool(capacity: int) -> PromptPool:

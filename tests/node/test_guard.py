@@ -16,7 +16,7 @@ from echo_node.guard import (
     config_parameters,
     weight_elements,
 )
-from protocol.messages import Prompt, WorkAssignment
+from protocol.wire.work import Prompt, WorkAssignment
 
 LIMITS = ModelLimits.from_config(json.dumps({"vocab_size": 259, "max_position_embeddings": 64}))
 GOOD = WorkAssignment("reverse-test", 3, 1, (Prompt(1, (257, 97, 98, 99, 61)),), 16, 4, 1.0, (258,), 99)

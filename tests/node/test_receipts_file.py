@@ -5,7 +5,7 @@ import json
 from echo_node.config import NodeConfig
 from echo_node.node import Node
 from protocol import codec
-from protocol.messages import Receipt
+from protocol.wire.rollout import Receipt
 from tests.protocol.samples import NODE, all_messages
 
 

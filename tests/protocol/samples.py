@@ -1,31 +1,14 @@
 """Valid messages of every kind, for round-trip and fuzz tests."""
 
 from protocol.identity import Identity
-from protocol.messages import (
-    UNSIGNED,
-    ChunkData,
-    ChunkRequest,
-    Completion,
-    ErrorReply,
-    Have,
-    Invite,
-    ManifestRequest,
-    NoWork,
-    Prompt,
-    PunchReady,
-    PunchRequest,
-    PunchResult,
-    Receipt,
-    ReceiptPage,
-    ReceiptQuery,
-    RolloutBatch,
-    RolloutGroup,
-    UploadResult,
-    UploadSample,
-    WorkAssignment,
-    WorkRequest,
-)
+from protocol.messages import UNSIGNED, ErrorReply, Invite
 from protocol import manifest
+from protocol.probe import PunchReady, PunchRequest, PunchResult, UploadResult, UploadSample
+from protocol.wire.chunk import ChunkData, ChunkRequest, ManifestRequest
+from protocol.wire.have import Have
+from protocol.wire.receipts import ReceiptPage, ReceiptQuery
+from protocol.wire.rollout import Completion, Receipt, RolloutBatch, RolloutGroup
+from protocol.wire.work import NoWork, Prompt, WorkAssignment, WorkRequest
 
 NODE = Identity(bytes(range(32)))
 LEARNER = Identity(bytes(range(1, 33)))

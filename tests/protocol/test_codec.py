@@ -4,13 +4,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol import codec
-from protocol.codec import KINDS, MAX_SIZE, decode, encode
+from protocol.codec import decode, encode
 from protocol.errors import DecodeError, MessageTooLarge
-from protocol.messages import ChunkData, RolloutBatch, WorkRequest
+from protocol.kinds import EVERY_KIND
+from protocol.wire.chunk import ChunkData
+from protocol.wire.rollout import RolloutBatch
+from protocol.wire.work import WorkRequest
 
 from .samples import all_messages
 
-EVERY_KIND = tuple(KINDS.values())
 SAMPLES = all_messages()
 
 
@@ -69,7 +71,7 @@ def test_non_finite_logprob_is_refused():
 
 
 def test_oversized_input_is_refused_before_parsing():
-    limit = MAX_SIZE[WorkRequest]
+    limit = WorkRequest.MAX_BYTES
     # Not even msgpack: a size check that parsed first would report DecodeError.
     with pytest.raises(MessageTooLarge):
         decode(b"\xc1" * (limit + 1), WorkRequest)

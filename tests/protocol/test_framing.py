@@ -4,7 +4,7 @@ import trio.testing
 
 from protocol import framing
 from protocol.errors import MessageTooLarge, StreamClosed
-from protocol.messages import WorkRequest
+from protocol.wire.work import WorkRequest
 
 
 class MemoryStream:
