@@ -7,6 +7,7 @@
     ledger   the contributor leaderboard (reads the SQLite ledger directly)
     export   the trained model as a Hugging Face directory (from the checkpoint)
     tasks    the tasks --task can name, or a few prompts of one
+    eval     score a checkpoint (or the base model) on the task's held-out prompts
 
 Heavy libraries (torch, transformers, libp2p) are imported only after the
 arguments parse, so ``--help`` and argument errors are instant.
@@ -101,6 +102,24 @@ def build_parser() -> Parser:
     tasks.add_argument("-n", type=int, default=3, help="prompts to show (default: 3)")
     tasks.add_argument("--seed", type=int, default=0, help="seed to draw them with (default: 0)")
     tasks.add_argument("--json", action="store_true", help="print JSON")
+    evaluate = commands.add_parser(
+        "eval",
+        help="score the newest checkpoint (or --base) on the task's held-out prompts",
+        description="Greedy accuracy and pass@1 over -k samples on -n held-out prompts, each with a "
+        "95%% confidence interval. Task, model and answer budget are the run's (--data-dir's "
+        "config.json) unless given here.",
+    )
+    evaluate.add_argument("--data-dir", type=Path, default=default_data_dir(), help="the learner's data dir")
+    evaluate.add_argument("--base", action="store_true", help="evaluate the model the run starts from")
+    evaluate.add_argument("--task", default=None, help="task spec (default: the run's)")
+    evaluate.add_argument("--model", default=None, help="model (default: the run's)")
+    evaluate.add_argument("-n", type=int, default=200, help="held-out prompts (default: 200)")
+    evaluate.add_argument("-k", type=int, default=4, help="samples per prompt for pass@1, 0 for none (default: 4)")
+    evaluate.add_argument("--max-new-tokens", type=int, default=0, help="answer budget (default: the run's)")
+    evaluate.add_argument("--system-prompt", default="", help="system prompt (default: the run's)")
+    evaluate.add_argument("--batch", type=int, default=16, help="sequences generated at once (default: 16)")
+    evaluate.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    evaluate.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 
@@ -120,7 +139,13 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "ledger":
         ledger(args)
     elif args.command == "tasks":
-        show_tasks(args)
+        from echo_learner.tasks import listing
+
+        listing.command(args, PROG)
+    elif args.command == "eval":
+        from echo_learner import evaluate
+
+        evaluate.command(args, PROG)
     else:
         export(args)
 
@@ -322,40 +347,6 @@ def ledger(args: argparse.Namespace) -> None:
               f"{r.accepted:>8} {r.refused:>7}")
     if refusals:
         print("refused: " + ", ".join(f"{k} {v}" for k, v in sorted(refusals.items())))
-
-
-def show_tasks(args: argparse.Namespace) -> None:
-    import random
-
-    from echo_learner.tasks import rg
-    from echo_learner.tasks.base import TaskError
-    from echo_learner.tasks.registry import families, load_task
-
-    if args.n < 1:
-        fail(PROG, "-n must be at least 1")
-    if args.spec is None:
-        try:
-            datasets = rg.dataset_names()
-        except TaskError as exc:
-            datasets = [str(exc)]
-        if args.json:
-            print(json.dumps({"families": families(), "reasoning_gym": datasets}, indent=2))
-            return
-        for name, target in sorted(families().items()):
-            print(f"{name:<12} {target}")
-        print("rg: / math: tasks: " + ", ".join(datasets))
-        return
-    try:
-        task = load_task(args.spec)
-    except TaskError as exc:
-        fail(PROG, str(exc))
-    rng = random.Random(args.seed)
-    prompts = [task.sample(rng) for _ in range(args.n)]
-    if args.json:
-        print(json.dumps({"task": task.name, "prompts": [{"text": p.text, "answer": p.answer} for p in prompts]}))
-        return
-    for p in prompts:
-        print(f"--- {task.name}\n{p.text}\n=> {p.answer}")
 
 
 def export(args: argparse.Namespace) -> None:

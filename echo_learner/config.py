@@ -61,7 +61,12 @@ class LearnerConfig(ConnectionSettings):
         "while proven peers ask for work (echo_learner/fairness.py)", lo=0.0, hi=1.0,
     )
     max_new_tokens: int = setting(
-        4, "longest completion a node may generate (reverse: 3 letters + eos)", lo=1, hi=1024
+        0, "longest completion a node may generate (0: the task's own: 4 for reverse's 3 letters + "
+        "eos, 256 for rg: and math: tasks)", lo=0, hi=1024
+    )
+    system_prompt: str = setting(
+        "", "system prompt chat models get before each prompt (default: the task's; chat models "
+        "are those whose tokenizer has a chat template)"
     )
     lr: float = setting(1e-3, "AdamW learning rate", lo=0.0, hi=1.0)
     clip_eps: float = setting(0.2, "PPO clip range of the importance ratio", lo=0.0, hi=1.0)

@@ -64,7 +64,6 @@ class Ingest:
         job_id: str,
         task: Task,
         decode: Callable[[list[int]], str],
-        eos_id: int,
         pad_id: int,
         limits: Limits,
         pool: PromptPool,
@@ -80,7 +79,6 @@ class Ingest:
         self.job_id = job_id
         self.task = task
         self.decode = decode
-        self.eos_id = eos_id
         self.pad_id = pad_id
         self.limits = limits
         pool.on_lapsed = self._lapsed
@@ -198,7 +196,7 @@ class Ingest:
             min_version=self.window().lo,
             prompts=tuple(Prompt(a.prompt_id, a.tokens) for a in taken),
             group_size=cfg.group_size,
-            max_new_tokens=cfg.max_new_tokens,
+            max_new_tokens=self.limits.max_new_tokens,
             temperature=1.0,
             stop_token_ids=tuple(sorted(self.limits.stop_ids)),  # what check_batch holds nodes to
             deadline_ms=now_ms() + int(cfg.assignment_timeout_s * 1000),
@@ -281,8 +279,8 @@ class Ingest:
         rewards = []
         for c in group.completions:
             ids = list(c.tokens)
-            if self.eos_id in ids:
-                ids = ids[: ids.index(self.eos_id)]
+            stop = next((i for i, t in enumerate(ids) if t in self.limits.stop_ids), len(ids))
+            ids = ids[:stop]
             rewards.append(self.task.reward(assignment.prompt, self.decode(ids)))
         return ScoredGroup(
             prompt_tokens=assignment.tokens,

@@ -149,6 +149,36 @@ def load_model(source: str, seed: int = 0) -> tuple[LlamaForCausalLM, PreTrained
     return model, tokenizer
 
 
+# Tokens that end an assistant's turn in the chat formats we know (ChatML,
+# Llama 3, Phi, Gemma, GPT-2 style); a model's own eos is always one.
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
+
+
+def stop_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """The token ids generation stops at: eos and the end-of-turn tokens the
+    vocabulary has."""
+    vocab = tokenizer.get_vocab()
+    ids = {vocab[t] for t in END_OF_TURN if t in vocab}
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)
+
+
+def render_prompt(tokenizer: PreTrainedTokenizerBase, text: str, system: str = "") -> tuple[int, ...]:
+    """A prompt as the model reads it: a user turn through the tokenizer's
+    chat template (after ``system``, if given), ready for the assistant's
+    answer; bos + the text for a model without a template."""
+    if tokenizer.chat_template:
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": text})
+        rendered = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        return tuple(rendered["input_ids"])
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return (*([] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]), *ids)
+
+
 def describe(source: str) -> str:
     """How the status page and logs name the model."""
     if source == SMOLLM2:

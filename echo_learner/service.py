@@ -29,7 +29,7 @@ from echo_learner.capacity import CapacityMeter, forecast
 from echo_learner.config import LearnerConfig
 from echo_learner.ingest import Ingest, now_ms
 from echo_learner.ledger import Ledger
-from echo_learner.model import config_json, describe, load_model, tokenizer_digest
+from echo_learner.model import config_json, describe, load_model, render_prompt, stop_ids, tokenizer_digest
 from echo_learner.peers import PeerBook
 from echo_learner.pool import PromptPool
 from echo_learner.tasks.base import Task, TaskError, TaskPrompt
@@ -87,6 +87,8 @@ class Learner:
         torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
         self.model, self.tokenizer = load_model(config.model, config.seed)
+        self.max_new_tokens = config.max_new_tokens or self.task.max_new_tokens
+        self.system_prompt = config.system_prompt or self.task.system_prompt
         self._check_prompts_fit()
         self.trainer = Trainer(
             self.model,
@@ -124,14 +126,13 @@ class Learner:
             job_id=self.job_id,
             task=self.task,
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
-            eos_id=self.tokenizer.eos_token_id,
             pad_id=self.tokenizer.pad_token_id,
             limits=Limits(
                 job_id=self.job_id,
                 vocab_size=self.model.config.vocab_size,
                 group_size=config.group_size,
-                max_new_tokens=config.max_new_tokens,
-                stop_ids=frozenset(t for t in (self.tokenizer.eos_token_id,) if t is not None),
+                max_new_tokens=self.max_new_tokens,
+                stop_ids=stop_ids(self.tokenizer),
             ),
             pool=self.pool,
             policies=self.policies,
@@ -242,22 +243,20 @@ class Learner:
         return prompt, self._tokens(prompt)
 
     def _tokens(self, prompt: TaskPrompt) -> tuple[int, ...]:
-        ids = self.tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
-        bos = self.tokenizer.bos_token_id
-        return (*([] if bos is None else [bos]), *ids)
+        return render_prompt(self.tokenizer, prompt.text, self.system_prompt)
 
     def _check_prompts_fit(self) -> None:
         """Refuse a task whose prompts (a sample of them) leave no room for
         --max-new-tokens in the model's context, or exceed the wire's limit:
         nodes would refuse every assignment."""
         context = getattr(self.model.config, "max_position_embeddings", None) or MAX_PROMPT_TOKENS
-        room = min(context - self.config.max_new_tokens, MAX_PROMPT_TOKENS)
+        room = min(context - self.max_new_tokens, MAX_PROMPT_TOKENS)
         rng = random.Random(self.config.seed + 1)  # not self.rng: its draws are the training prompts
         longest = max(len(self._tokens(self.task.sample(rng))) for _ in range(PROMPT_SAMPLE))
         if longest > room:
             raise TaskError(
                 f"task {self.task.name}: prompts of up to {longest} tokens do not fit: the model's context is "
-                f"{context} tokens with --max-new-tokens {self.config.max_new_tokens}, and prompts may have at "
+                f"{context} tokens with --max-new-tokens {self.max_new_tokens}, and prompts may have at "
                 f"most {MAX_PROMPT_TOKENS} tokens (choose a bigger model, e.g. --model smollm2, or a smaller task)"
             )
 

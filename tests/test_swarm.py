@@ -50,3 +50,15 @@ def test_swarm_trains_and_every_accepted_batch_has_a_receipt(swarm_factory):
         verify(r, r.learner_id)  # every receipt carries the learner's signature
     assert {r.batch_hash for r in receipts if r.verdict == "accepted"} == accepted
     assert sum(r.tokens for r in receipts) == sum(t for (t,) in db.execute("SELECT tokens FROM verdicts"))
+
+    # The trained model does better on prompts it never saw than the one it started from.
+    scores = {}
+    for which in ("trained", "base"):
+        base = ["--base"] if which == "base" else []
+        out = swarm.run("learner", "echo_learner", "eval", "--data-dir", str(swarm.root / "learner"),
+                        "-n", "8", "-k", "4", "--json", *base, timeout_s=120)
+        assert out.returncode == 0, out.stderr
+        scores[which] = json.loads(out.stdout)
+    assert scores["trained"]["step"] == STEPS and scores["base"]["step"] is None
+    assert scores["trained"]["heldout_n"] == 8
+    assert scores["trained"]["greedy_mean_reward"] > scores["base"]["greedy_mean_reward"] + 0.1, scores

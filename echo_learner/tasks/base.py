@@ -31,6 +31,7 @@ class Task(Protocol):
 
     name: str  # the spec it was made from, e.g. "rg:basic_arithmetic"
     system_prompt: str  # what chat models are told before each prompt ("" for none)
+    max_new_tokens: int  # the answer budget, unless --max-new-tokens says otherwise
 
     def sample(self, rng: random.Random) -> TaskPrompt: ...
 

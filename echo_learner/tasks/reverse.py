@@ -26,6 +26,10 @@ class ReverseTask:
     heldout_every: int = 8
     system_prompt: str = ""
 
+    @property
+    def max_new_tokens(self) -> int:
+        return self.length + 1  # the reversed string and eos
+
     @cached_property
     def _heldout(self) -> frozenset[str]:
         every = sorted("".join(t) for t in itertools.product(self.alphabet, repeat=self.length))

@@ -42,10 +42,7 @@ def _reasoning_gym():  # type: ignore[no-untyped-def]
 
 
 def dataset_names() -> list[str]:
-    from reasoning_gym.factory import DATASETS
-
-    _reasoning_gym()
-    return sorted(DATASETS)
+    return sorted(_reasoning_gym().factory.DATASETS)
 
 
 def answer_blocks(completion: str) -> list[str]:
@@ -59,6 +56,7 @@ class ReasoningGymTask:
     dataset: Any  # a reasoning_gym ProceduralDataset (training items)
     heldout_dataset: Any
     system_prompt: str = ""
+    max_new_tokens: int = 256  # room to think a little before the answer block
     _heldout: list[TaskPrompt] = field(default_factory=list)
     _heldout_questions: set[str] = field(default_factory=set)
 

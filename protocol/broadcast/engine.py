@@ -425,6 +425,7 @@ class BroadcastEngine:
             rng=self._rng,
             relayed=self._relayed,
             trusted=self._trusted,
+            rested=self.download.busy_strangers() if self.download is not None else {},
         )
         for peer, latest in self.neighbours.items():
             if latest is not None:

@@ -94,6 +94,10 @@ class Download:
     # Peers that have sent us a good chunk before (of any version): asked
     # before peers that never have, which may announce chunks they never send.
     trusted: set[str] = field(default_factory=set)
+    # (resting until, busy streak) of peers that answered only busy in the
+    # previous version (its ``busy_strangers()``): a peer that announces
+    # everything and never serves must not start each version afresh.
+    rested: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         order = list(range(self.n_chunks))
@@ -113,15 +117,29 @@ class Download:
 
     def update_peer(self, peer: str, chunks: frozenset[int]) -> None:
         """``peer`` announced that it holds ``chunks`` of this version."""
-        state = self.peers.setdefault(peer, _Peer())
+        state = self._state(peer)
         if not state.banned:
             self._set_chunks(state, chunks)
 
     def drop(self, peer: str) -> None:
         """Ask ``peer`` for nothing more of this version, whatever it announces."""
-        state = self.peers.setdefault(peer, _Peer())
+        state = self._state(peer)
         self._set_chunks(state, frozenset())
         state.banned = True
+
+    def _state(self, peer: str) -> _Peer:
+        state = self.peers.get(peer)
+        if state is None:
+            state = self.peers[peer] = _Peer()
+            state.resting_until, state.busy_streak = self.rested.get(peer, (0.0, 0))
+        return state
+
+    def busy_strangers(self) -> dict[str, tuple[float, int]]:
+        """(resting until, busy streak) of each peer that answered busy and has
+        sent nothing of this version: the next version's ``rested``."""
+        return {
+            p: (s.resting_until, s.busy_streak) for p, s in self.peers.items() if s.busy_streak and not s.delivered
+        }
 
     def remove_peer(self, peer: str) -> None:
         """``peer`` left; its open requests still end through ``on_failed``.

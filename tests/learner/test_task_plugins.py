@@ -18,6 +18,7 @@ PLUGIN = textwrap.dedent('''
         name: str
         start: int
         system_prompt: str = ""
+        max_new_tokens: int = 40
 
         def sample(self, rng):
             n = rng.randrange(self.start, self.start + 10)

@@ -71,6 +71,27 @@ def test_a_peer_that_only_answers_busy_rests_longer_than_one_that_delivers():
     assert d.peers[other].resting_until == now + 8.0  # a stranger rests up to 8 s
 
 
+def test_a_busy_strangers_rest_carries_over_to_the_next_version():
+    old = download(max_in_flight=1, busy_backoff_s=0.5, busy_stranger_max_s=8.0)
+    old.update_peer("flapper", ALL)
+    old.update_peer("honest", ALL)
+    for _ in range(5):
+        for peer in ("flapper", "honest"):
+            old.on_failed(peer, 0, 0.0, busy=True)
+    [(peer, idx)] = old.next_requests(9.0)
+    old.on_done(peer, idx)  # one of them delivers: it is no stranger
+    carried = old.busy_strangers()
+    other = "flapper" if peer == "honest" else "honest"
+    assert set(carried) == {other} and carried[other] == (8.0, 5)
+    new = download(max_in_flight=1, busy_backoff_s=0.5, busy_stranger_max_s=8.0)
+    new.rested = carried
+    new.update_peer(other, ALL)
+    assert new.next_requests(7.9) == []  # still resting from the last version
+    assert new.next_requests(8.0)
+    new.on_failed(other, 0, 8.0, busy=True)
+    assert new.peers[other].resting_until == 16.0  # the streak goes on: the longest rest at once
+
+
 def test_done_and_complete():
     d = download()
     d.update_peer("a", ALL)

@@ -1,0 +1,55 @@
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from echo_learner.evaluate import evaluate, mean_with_ci, wilson
+from echo_learner.model import load_model
+from echo_learner.tasks.base import TaskError, TaskPrompt
+
+
+def test_wilson_interval():
+    assert wilson(5, 10).ci95 == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson(0, 10).ci95[0] == 0.0 and wilson(10, 10).ci95[1] == 1.0
+    assert wilson(0, 10).ci95[1] > 0.2  # no solve in 10 is not proof of never
+    assert mean_with_ci([0.5, 0.5, 0.5]).ci95 == (0.5, 0.5)
+
+
+@dataclass
+class Judge:
+    """A held-out split of reverse prompts; the reward says whether the
+    completion starts with ``prefix`` (every completion does with "")."""
+
+    prefix: str
+    name: str = "judge"
+    system_prompt: str = ""
+    max_new_tokens: int = 4
+
+    def sample(self, rng: random.Random) -> TaskPrompt:
+        raise AssertionError("evaluation never draws training prompts")
+
+    def heldout(self, n: int) -> list[TaskPrompt]:
+        return [TaskPrompt(f"{s}=", s[::-1]) for s in ("abc", "bca", "cab", "dab", "add")][:n]
+
+    def reward(self, prompt: TaskPrompt, completion: str) -> float:
+        return float(completion.startswith(self.prefix))
+
+
+def test_evaluation_counts_what_the_task_rewards():
+    model, tokenizer = load_model("", seed=0)
+    everything = evaluate(model, tokenizer, Judge(""), n=4, k=3, max_new_tokens=4)
+    assert everything["heldout_n"] == 4
+    assert everything["greedy"]["value"] == 1.0 and everything["pass1"]["value"] == 1.0
+    nothing = evaluate(model, tokenizer, Judge("\x00impossible"), n=4, k=3, max_new_tokens=4)
+    assert nothing["greedy"]["value"] == 0.0 and nothing["pass1"]["value"] == 0.0
+    assert nothing["greedy"]["ci95"][1] > 0  # 4 prompts prove little
+
+
+def test_a_task_without_heldout_prompts_cannot_be_evaluated():
+    class NoSplit(Judge):
+        def heldout(self, n):
+            return []
+
+    model, tokenizer = load_model("", seed=0)
+    with pytest.raises(TaskError, match="no held-out prompts"):
+        evaluate(model, tokenizer, NoSplit(""), n=4, k=0, max_new_tokens=4)
