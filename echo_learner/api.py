@@ -20,7 +20,7 @@ from its URL's ``#token=``).
 
     GET /api/status              job, version, step, mode, utilization, capacity
     GET /api/peers               one entry per known node
-    GET /api/history?limit=N     the newest N step records (reward curve)
+    GET /api/history?limit=N     the newest N step records (reward curve) and held-out scores
     GET /api/ledger?limit=N      contributors, most credit first
     GET /api/refusals?limit=N    the newest refused batches
     GET /api/receipts?peer=ID    one node's receipts (fields, and the signed bytes in hex), oldest first
@@ -125,7 +125,10 @@ def routes(learner: Learner) -> dict[str, Callable[[dict[str, list[str]]], Any]]
         "/metrics": lambda q: Body(metrics.CONTENT_TYPE, metrics.render(learner).encode()),
         "/api/status": lambda q: learner.status(),
         "/api/peers": lambda q: {"peers": learner.peers.to_json()},
-        "/api/history": lambda q: {"steps": list(learner.history)[-_limit(q, 1000):]},
+        "/api/history": lambda q: {
+            "steps": list(learner.history)[-_limit(q, 1000):],
+            "heldout": list(learner.heldout.results)[-_limit(q, 1000):],
+        },
         "/api/ledger": lambda q: {
             "contributors": [asdict(s) for s in learner.ledger.leaderboard(_limit(q, 100))]
         },

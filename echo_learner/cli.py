@@ -280,6 +280,10 @@ def show(args: argparse.Namespace) -> None:
         cap = data["capacity"]
         m = data["measurements"]
         reward = "-" if data["reward"] is None else f"{data['reward']:.3f}"
+        held = data["heldout"]
+        if held:
+            lo, hi = held["ci95"]
+            reward += f"; held-out accuracy {held['accuracy']:.3f} (95% CI {lo:.3f}-{hi:.3f}) at version {held['version']}"
         print(
             f"job        {data['job_id']} ({data['task']}, {data['model']}, "
             f"{data['parameters']:,} parameters)\n"

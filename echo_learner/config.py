@@ -64,6 +64,11 @@ class LearnerConfig(ConnectionSettings):
         0, "longest completion a node may generate (0: the task's own: 4 for reverse's 3 letters + "
         "eos, 256 for rg: and math: tasks)", lo=0, hi=1024
     )
+    eval_every: int = setting(
+        10, "score every N-th version on the task's held-out prompts while training, off the training loop "
+        "(0: never; `status`, the status page and /metrics show it)", lo=0
+    )
+    eval_prompts: int = setting(32, "held-out prompts scored each time (greedy decoding)", lo=1, hi=500)
     system_prompt: str = setting(
         "", "system prompt chat models get before each prompt (default: the task's; chat models "
         "are those whose tokenizer has a chat template)"

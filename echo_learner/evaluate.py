@@ -105,9 +105,9 @@ def evaluate(
     heldout = task.heldout(n)
     if not heldout:
         raise TaskError(f"task {task.name} has no held-out prompts to evaluate on")
-    random.seed(seed)
-    torch.manual_seed(seed)
-    model.eval()
+    if k:  # greedy decoding draws nothing: the process's RNGs stay as they are
+        random.seed(seed)
+        torch.manual_seed(seed)
     prompts = [render_prompt(tokenizer, p.text, system_prompt) for p in heldout]
     common = {"max_new_tokens": max_new_tokens, "batch": batch}
     greedy = complete(model, tokenizer, prompts, samples=1, greedy=True, desc="greedy", **common)

@@ -34,6 +34,11 @@ def render(learner: Learner) -> str:
     metric("echo_batches_refused_total", "counter", "Rollout batches refused, by reason.",
            [(f'{{reason="{_label(reason)}"}}', n) for reason, n in sorted(status["refusals"].items())])
     metric("echo_training_step", "gauge", "Training steps done.", [("", status["step"])])
+    heldout = status["heldout"]
+    metric("echo_heldout_accuracy", "gauge", "Greedy accuracy on held-out prompts of the newest scored version.",
+           [("", heldout["accuracy"])] if heldout else [])
+    metric("echo_heldout_version", "gauge", "The policy version the held-out accuracy is of.",
+           [("", heldout["version"])] if heldout else [])
     metric("echo_policy_version", "gauge", "Newest published policy version.", [("", status["version"])])
     metric("echo_train_step_seconds", "gauge", "Mean time of one training step.",
            [("", status["measurements"]["train_s"])])

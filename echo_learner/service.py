@@ -27,6 +27,7 @@ from echo_learner import checkpoint
 from echo_learner.bootstrap_probe import BootstrapProbe
 from echo_learner.capacity import CapacityMeter, forecast
 from echo_learner.config import LearnerConfig
+from echo_learner.heldout import HeldoutMonitor
 from echo_learner.ingest import Ingest, now_ms
 from echo_learner.ledger import Ledger
 from echo_learner.model import config_json, describe, load_model, render_prompt, stop_ids, tokenizer_digest
@@ -90,6 +91,11 @@ class Learner:
         self.max_new_tokens = config.max_new_tokens or self.task.max_new_tokens
         self.system_prompt = config.system_prompt or self.task.system_prompt
         self._check_prompts_fit()
+        self.heldout = HeldoutMonitor(
+            self.task, self.tokenizer, every=config.eval_every, prompts=config.eval_prompts,
+            max_new_tokens=self.max_new_tokens, system_prompt=self.system_prompt,
+            path=config.data_dir / "heldout.jsonl",
+        )
         self.trainer = Trainer(
             self.model,
             lr=config.lr,
@@ -189,6 +195,7 @@ class Learner:
                 )
                 self.engine.have_listener = self._on_have
                 await nursery.start(self.engine.run)
+                nursery.start_soon(self.heldout.run)
                 api_url = await nursery.start(serve_api, self, cfg.status_host, cfg.status_port, cfg.status_token)
                 # Atomically: `status`, the demo and tests read it while we run.
                 write_atomic(cfg.api_path, json.dumps({"url": api_url, "pid": os.getpid()}))
@@ -379,6 +386,7 @@ class Learner:
         encoded = codec.encode(signed)
         self.ledger.record_version(version, self.step, now_ms(), encoded)
         self.policies.add(version, snapshot)
+        self.heldout.on_publish(version, self.step, snapshot)
         await self.engine.publish(signed, chunks)
         self.bytes_published += signed.total_size
         self.version = version
@@ -443,6 +451,7 @@ class Learner:
             "uptime_s": round(time.time() - self.started, 1),
             "steps_per_s": round(steps_per_s, 3),
             "reward": recent[-1]["reward_mean"] if recent else None,
+            "heldout": self.heldout.latest(),
             "rollouts_accepted": c.rollouts_accepted,
             "batches_accepted": c.batches_accepted,
             "batches_refused": c.batches_refused,

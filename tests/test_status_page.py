@@ -14,7 +14,8 @@ import pytest
 from protocol.identity import load_or_create
 from tests import webdriver
 
-LEARNER_ARGS = ("--mode", "async", "--steps", "100000", "--status-port", "0", "--bootstrap-ping-s", "1")
+LEARNER_ARGS = ("--mode", "async", "--steps", "100000", "--status-port", "0", "--bootstrap-ping-s", "1",
+                "--eval-every", "1")
 # A name a hostile operator could give their node (within the 32 characters a
 # name may have): as HTML it would load an image that fails and run its handler.
 EVIL = "<img src=x onerror=pwned=1>"
@@ -61,8 +62,9 @@ def test_the_page_shows_the_swarm_in_a_browser(swarm_factory, tmp_path):
             const names = [...document.querySelectorAll('#peers tbody tr')].map(r => r.cells[1].textContent);
             const line = document.querySelector('#reward-chart polyline');
             const points = line ? Number(line.getAttribute('data-points')) : 0;
-            return rows.length >= 2 && points >= 2 ? {rows, names, points} : null;
-        """), 300, "two peers in the table and a reward curve")
+            const heldout = document.querySelectorAll('#reward-chart circle.heldout').length;
+            return rows.length >= 2 && points >= 2 && heldout >= 1 ? {rows, names, points} : null;
+        """), 300, "two peers in the table, a reward curve and a held-out accuracy")
         assert sorted(seen["rows"]) == sorted("…" + p[-12:] for p in node_ids)
         # The hostile name is shown as the text it is; nothing in it ran.
         assert sorted(seen["names"]) == sorted([EVIL, "honest node"])
@@ -70,6 +72,7 @@ def test_the_page_shows_the_swarm_in_a_browser(swarm_factory, tmp_path):
         text = browser.run("return document.body.innerText")
         assert "connecting" not in text and "cannot reach" not in text and "no batch refused" in text
         assert "built-in tiny llama" in text and "async" in text and "answers ping in" in text
+        assert re.search(r"held-out accuracy\s+\d\.\d{3} \(95 % CI", text), text
         png = browser.screenshot(tmp_path / "status-page.png")
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
         print(f"status page: peers and reward curve after {time.monotonic() - started:.1f} s; "

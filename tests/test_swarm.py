@@ -37,6 +37,10 @@ def test_swarm_trains_and_every_accepted_batch_has_a_receipt(swarm_factory):
 
     rewards = [m["reward_mean"] for m in metrics]
     assert mean(rewards[-10:]) > mean(rewards[:10]) + 0.1, rewards
+    # Every 10th version was scored on held-out prompts while training (one
+    # still being scored when the next is due is skipped).
+    heldout = [json.loads(line) for line in (swarm.root / "learner" / "heldout.jsonl").read_text().splitlines()]
+    assert len(heldout) >= 3 and all(h["version"] % 10 == 0 and h["prompts"] == 8 for h in heldout), heldout
 
     db = sqlite3.connect(swarm.root / "learner" / "ledger.sqlite")
     accepted = {bytes(h) for (h,) in db.execute("SELECT batch_hash FROM verdicts WHERE verdict='accepted'")}

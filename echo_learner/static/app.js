@@ -64,10 +64,10 @@ function bootstrapState(bp) {
   return `no answer (${bp.error}); ${last}`;
 }
 
-function drawRewards(steps) {
+function drawRewards(steps, heldout) {
   const svg = document.getElementById("reward-chart");
   const [w, h, pad] = [600, 200, 24];
-  const nodes = [el("title", "mean reward per step")];
+  const nodes = [el("title", "mean reward per step, and held-out accuracy (dots)")];
   const axis = document.createElementNS(SVG, "path");
   axis.setAttribute("d", `M${pad},${pad} V${h - pad} H${w - pad}`);
   axis.setAttribute("class", "axis");
@@ -75,11 +75,26 @@ function drawRewards(steps) {
   if (steps.length > 0) {
     const first = steps[0].step;
     const span = Math.max(1, steps[steps.length - 1].step - first);
+    const at = (step, value) => [
+      pad + ((Math.max(first, step) - first) / span) * (w - 2 * pad),
+      h - pad - Math.max(0, Math.min(1, value)) * (h - 2 * pad),
+    ];
     const points = steps.map((s) => {
-      const x = pad + ((s.step - first) / span) * (w - 2 * pad);
-      const y = h - pad - Math.max(0, Math.min(1, s.reward_mean)) * (h - 2 * pad);
+      const [x, y] = at(s.step, s.reward_mean);
       return `${x.toFixed(1)},${y.toFixed(1)}`;
     });
+    for (const e of heldout) {
+      const [x, y] = at(e.step, e.accuracy);
+      const dot = document.createElementNS(SVG, "circle");
+      dot.setAttribute("cx", x.toFixed(1));
+      dot.setAttribute("cy", y.toFixed(1));
+      dot.setAttribute("r", "4");
+      dot.setAttribute("class", "heldout");
+      const tip = document.createElementNS(SVG, "title");
+      tip.textContent = `version ${e.version}: held-out accuracy ${e.accuracy.toFixed(3)}`;
+      dot.appendChild(tip);
+      nodes.push(dot);
+    }
     const line = document.createElementNS(SVG, "polyline");
     line.setAttribute("points", points.join(" "));
     line.setAttribute("class", "reward");
@@ -111,6 +126,8 @@ async function refresh() {
   ]);
   facts("training-facts", [
     ["reward", status.reward === null ? "–" : status.reward.toFixed(3)],
+    ["held-out accuracy", status.heldout === null ? "–"
+      : `${status.heldout.accuracy.toFixed(3)} (95 % CI ${status.heldout.ci95.map((v) => v.toFixed(2)).join("–")}, version ${status.heldout.version})`],
     ["utilization", `${(100 * status.utilization).toFixed(0)} %`],
     ["steps/s", status.steps_per_s.toFixed(2)],
     ["rollouts accepted", status.rollouts_accepted.toLocaleString()],
@@ -123,7 +140,7 @@ async function refresh() {
     ["it reached them in", b.spread_s === null ? "–" : `${b.spread_s.toFixed(1)} s`],
     ["mean time to reach a node", b.seconds > 0 ? `${b.seconds.toFixed(1)} s` : "–"],
   ]);
-  drawRewards(history.steps);
+  drawRewards(history.steps, history.heldout);
   const names = new Map(peers.peers.map((p) => [p.peer, p.name]));
   rows("peers", peers.peers, (p) => [
     shortPeer(p.peer), p.name, p.backend, p.dtype, REACH[p.reachability] ?? p.reachability, p.route, p.held_version, p.rollouts_per_s.toFixed(1),
