@@ -5,7 +5,7 @@
     status   the running learner's job, progress and capacity (HTTP API)
     peers    the nodes the running learner knows (HTTP API)
     ledger   the contributor leaderboard (reads the SQLite ledger directly)
-    export   the trained model as a Hugging Face directory (from the checkpoint)
+    export   the trained model as a Hugging Face directory and a GGUF file (from the checkpoint)
     tasks    the tasks --task can name, or a few prompts of one
     eval     score a checkpoint (or the base model) on the task's held-out prompts
 
@@ -16,6 +16,7 @@ arguments parse, so ``--help`` and argument errors are instant.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from dataclasses import fields
 import sys
@@ -85,11 +86,15 @@ def build_parser() -> Parser:
     ledger.add_argument("--limit", type=int, default=20, help="rows to show (default: 20)")
     export = commands.add_parser(
         "export",
-        help="write the trained model as a Hugging Face directory",
+        help="write the trained model as a Hugging Face directory and a GGUF file",
         description="Write the model of the newest checkpoint in --data-dir, with its "
-        "tokenizer, as a Hugging Face directory (loadable with from_pretrained).",
+        "tokenizer, as a Hugging Face directory (loadable with from_pretrained) and as OUT/model.gguf "
+        "for llama.cpp (the gguf package: pip install 'echo-swarm[llama]'). A model that came from a "
+        "GGUF file keeps that file's tokenizer and chat template.",
     )
     export.add_argument("out", type=Path, help="directory to write (must not exist or be empty)")
+    export.add_argument("--gguf-dtype", choices=("f32", "f16", "q8_0"), default="f16",
+                        help="weights of the GGUF file (default: f16)")
     export.add_argument("--data-dir", type=Path, default=default_data_dir(), help="the learner's data dir")
     tasks = commands.add_parser(
         "tasks",
@@ -353,6 +358,25 @@ def ledger(args: argparse.Namespace) -> None:
         print("refused: " + ", ".join(f"{k} {v}" for k, v in sorted(refusals.items())))
 
 
+def write_model_gguf(model: Any, source: str, path: Path, dtype: str) -> None:
+    """``model`` as a llama.cpp GGUF file, with the tokenizer of ``source``'s
+    GGUF file if it came from one (else the byte vocabulary nodes use)."""
+    from echo_learner.model import config_json, locate
+    from protocol.gguf_export import write_gguf
+
+    where = locate(source) if source else {}
+    tokenizer_from = None
+    if "gguf_file" in where:
+        tokenizer_from = Path(where["pretrained_model_name_or_path"]) / where["gguf_file"]
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    tensors = {
+        name: value.detach().float().numpy()
+        for name, value in model.state_dict().items()
+        if not (tied and name == "lm_head.weight")  # llama.cpp ties it back itself
+    }
+    write_gguf(config_json(model), tensors, path, dtype, tokenizer_from=tokenizer_from)
+
+
 def export(args: argparse.Namespace) -> None:
     if args.out.exists() and any(args.out.iterdir()):
         fail(PROG, f"{args.out} exists and is not empty")
@@ -373,6 +397,10 @@ def export(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)
+    if importlib.util.find_spec("gguf") is None:
+        print("no GGUF file written: the gguf package is missing (pip install 'echo-swarm[llama]')", flush=True)
+    else:
+        write_model_gguf(model, state.get("model_source", ""), args.out / "model.gguf", args.gguf_dtype)
     print(
         f"exported step {state['step']} (version {state['version']}) to {args.out} "
         f"in {time.monotonic() - started:.1f} s",

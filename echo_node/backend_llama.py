@@ -24,7 +24,7 @@ import numpy as np
 from safetensors.numpy import load
 
 from echo_node.backend import Sample
-from echo_node.gguf_export import write_gguf
+from protocol.gguf_export import write_gguf
 
 # Sequences decoded together. With a unified KV cache every token attends over
 # the cells of all sequences (masked), so very wide batches get slower: on the

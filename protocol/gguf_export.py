@@ -11,7 +11,12 @@ Norm weights (1-D) stay f32, as llama.cpp expects.
 The node never tokenizes text (prompts arrive as token ids), but llama.cpp
 refuses a file without a vocabulary. We write a byte-level BPE vocabulary of
 the model's size: ids 0-255 are GPT-2's byte characters, the rest are
-placeholders. For the built-in model that is its real vocabulary.
+placeholders. For the built-in model that is its real vocabulary. The
+learner's ``export`` of a model that came from a GGUF file copies that file's
+tokenizer instead (vocabulary, merges, special tokens, chat template), so the
+exported file chats like the original.
+
+Nodes use it for their llama.cpp backend, the learner for ``export``.
 """
 
 from __future__ import annotations
@@ -64,9 +69,12 @@ def _tensor_names(layers: int) -> dict[str, str]:
     return names
 
 
-def write_gguf(config_json: str, tensors: dict[str, np.ndarray], path: Path, dtype: str) -> None:
+def write_gguf(
+    config_json: str, tensors: dict[str, np.ndarray], path: Path, dtype: str, tokenizer_from: Path | None = None
+) -> None:
     """Write ``tensors`` (Hugging Face names, float32) as a llama.cpp GGUF at
-    ``path``, atomically (a crash or a refusal leaves no file under that name)."""
+    ``path``, atomically (a crash or a refusal leaves no file under that name),
+    with the tokenizer of the GGUF file ``tokenizer_from`` if given."""
     import gguf
 
     if dtype not in GGUF_DTYPES:
@@ -81,7 +89,10 @@ def write_gguf(config_json: str, tensors: dict[str, np.ndarray], path: Path, dty
     writer = gguf.GGUFWriter(str(tmp), arch="llama")
     try:
         _add_hyperparameters(writer, config, dtype)
-        _add_vocabulary(writer, config)
+        if tokenizer_from is None:
+            _add_vocabulary(writer, config)
+        else:
+            _copy_tokenizer(writer, tokenizer_from)
         _add_tensors(writer, config, tensors, dtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -148,6 +159,16 @@ def _add_vocabulary(writer: gguf.GGUFWriter, config: dict) -> None:
     # llama.cpp refuses a BPE vocabulary without merges; this pair is not in it.
     writer.add_token_merges(["<|tok_merge_a|> <|tok_merge_b|>"])
     writer.add_add_bos_token(False)
+
+
+def _copy_tokenizer(writer: gguf.GGUFWriter, source: Path) -> None:
+    import gguf
+
+    for field in gguf.GGUFReader(source).fields.values():
+        if field.name.startswith("tokenizer."):
+            vtype = field.types[0]
+            sub_type = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), vtype, sub_type)
 
 
 def _add_tensors(writer: gguf.GGUFWriter, config: dict, tensors: dict[str, np.ndarray], dtype: str) -> None:
