@@ -69,5 +69,7 @@ def test_math_task_accepts_equivalent_forms_of_the_answer():
         assert task.reward(p, f"<answer>{same}</answer>") == pytest.approx(1.0), same
     assert task.reward(p, "<answer>0.6</answer>") == pytest.approx(0.1)
     assert task.reward(p, "<answer>\\frac{1}{</answer>") == pytest.approx(0.1)  # unparseable: no crash
+    assert task.reward(p, "Half of one is 1/2.") == pytest.approx(0.9)  # right, but not in the format
+    assert task.reward(p, "No idea, maybe 3.") == 0.0
     real = task.sample(random.Random(0))
     assert task.reward(real, f"<answer>{real.answer}</answer>") == pytest.approx(1.0)
