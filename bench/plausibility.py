@@ -19,7 +19,6 @@ fraction of batches caught.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import sys

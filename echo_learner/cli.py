@@ -124,6 +124,9 @@ def build_parser() -> Parser:
     evaluate.add_argument("--system-prompt", default="", help="system prompt (default: the run's)")
     evaluate.add_argument("--batch", type=int, default=16, help="sequences generated at once (default: 16)")
     evaluate.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    evaluate.add_argument(
+        "--temperature", type=float, default=0.0, help="temperature of the pass@1 samples (default: the run's)"
+    )
     evaluate.add_argument("--json", action="store_true", help="print JSON")
     return parser
 

@@ -74,13 +74,18 @@ class LearnerConfig(ConnectionSettings):
         "are those whose tokenizer has a chat template)"
     )
     lr: float = setting(1e-3, "AdamW learning rate", lo=0.0, hi=1.0)
+    temperature: float = setting(
+        1.0, "sampling temperature of the rollouts; the policy trained and verified is the model's "
+        "distribution at that temperature (below 1: fewer wild samples from a small model)", lo=0.05, hi=10.0
+    )
     clip_eps: float = setting(0.2, "PPO clip range of the importance ratio", lo=0.0, hi=1.0)
     ratio_cap: float = setting(
         3.0, "truncate the importance ratio at this value where the advantage is negative", lo=1.0
     )
     kl_coef: float = setting(0.0, "weight of the KL penalty to the initial model (0: none)", lo=0.0)
     assignment_timeout_s: float = setting(
-        30.0, "seconds a node has to return assigned prompts before they go to another node", lo=1
+        0.0, "seconds a node has to return assigned prompts before they go to another node (0: 30 s plus "
+        "0.5 s per token of --max-new-tokens, room for a CPU node to generate a group of long answers)", lo=0
     )
     max_work_requests: int = setting(
         2, "work requests one peer may have waiting at once (more are refused)", lo=1, hi=64
@@ -105,6 +110,10 @@ class LearnerConfig(ConnectionSettings):
         10.0, "seconds between pings to each bootstrap peer (shown on the status page)", lo=0.1
     )
     torch_threads: int = setting(1, "torch CPU threads for training", lo=1)
+    logit_memory_mib: int = setting(
+        1024, "most memory one forward pass may spend on logits: training and verification split batches "
+        "of long answers into parts that fit", lo=16
+    )
     checkpoint_every: int = setting(10, "write a checkpoint every N steps", lo=1)
     resume: bool = setting(False, "continue from the checkpoint in --data-dir")
     fresh: bool = setting(

@@ -2,7 +2,7 @@
 
 ``echo-learner eval`` scores the newest checkpoint of a run (or, with
 ``--base``, the model it started from) on the task's held-out split: once
-with greedy decoding, and with ``k`` temperature-1 samples per prompt
+with greedy decoding, and with ``k`` samples per prompt at the run's temperature
 (pass@1 = the mean share of samples solved). A completion counts as solved
 when its reward is at least ``SOLVED``: a right answer, for every task we
 ship. Each accuracy comes with a 95 % confidence interval.
@@ -14,17 +14,33 @@ import argparse
 import json
 import math
 import random
+import threading
 from dataclasses import asdict, dataclass
 
 import torch
 from tqdm import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
 
 from echo_learner.model import render_prompt, stop_ids
 from echo_learner.tasks.base import Task, TaskError
 
 SOLVED = 0.9
 Z95 = 1.96
+
+
+class Stopped(Exception):
+    """The evaluation was asked to stop (its ``stop`` event was set)."""
+
+
+class _UntilSet(StoppingCriteria):
+    """Ends generation at the next token once ``event`` is set, so that a
+    worker thread scoring a model can be stopped within one forward pass."""
+
+    def __init__(self, event: threading.Event):
+        self.event = event
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool)
 
 
 @dataclass(frozen=True)
@@ -62,8 +78,12 @@ def complete(
     max_new_tokens: int,
     batch: int,
     desc: str,
+    temperature: float = 1.0,
+    stop: threading.Event | None = None,
 ) -> list[list[str]]:
-    """``samples`` completions of each prompt, as text up to the first stop token."""
+    """``samples`` completions of each prompt, as text up to the first stop
+    token; ``Stopped`` soon after ``stop`` is set."""
+    stop = stop or threading.Event()
     stops = stop_ids(tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     rows = [p for p in prompts for _ in range(samples)]
@@ -77,12 +97,15 @@ def complete(
             input_ids[i, width - len(r) :] = torch.tensor(r)
             attention[i, width - len(r) :] = 1
         sampling = (
-            {"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+            {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
         )
         out = model.generate(
             input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
-            eos_token_id=sorted(stops), pad_token_id=pad, **sampling,
+            eos_token_id=sorted(stops), pad_token_id=pad, stopping_criteria=StoppingCriteriaList([_UntilSet(stop)]),
+            **sampling,
         )
+        if stop.is_set():
+            raise Stopped
         for row in out[:, width:].tolist():
             end = next((i for i, t in enumerate(row) if t in stops), len(row))
             texts.append(tokenizer.decode(row[:end], skip_special_tokens=True))
@@ -100,8 +123,11 @@ def evaluate(
     system_prompt: str = "",
     batch: int = 16,
     seed: int = 0,
+    temperature: float = 1.0,
+    stop: threading.Event | None = None,
 ) -> dict:
-    """Greedy accuracy and pass@1 over ``k`` samples on ``n`` held-out prompts."""
+    """Greedy accuracy and pass@1 over ``k`` samples on ``n`` held-out
+    prompts; ``Stopped`` soon after ``stop`` is set."""
     heldout = task.heldout(n)
     if not heldout:
         raise TaskError(f"task {task.name} has no held-out prompts to evaluate on")
@@ -109,7 +135,7 @@ def evaluate(
         random.seed(seed)
         torch.manual_seed(seed)
     prompts = [render_prompt(tokenizer, p.text, system_prompt) for p in heldout]
-    common = {"max_new_tokens": max_new_tokens, "batch": batch}
+    common = {"max_new_tokens": max_new_tokens, "batch": batch, "stop": stop}
     greedy = complete(model, tokenizer, prompts, samples=1, greedy=True, desc="greedy", **common)
     rewards = [task.reward(p, c[0]) for p, c in zip(heldout, greedy)]
     result: dict = {
@@ -121,7 +147,9 @@ def evaluate(
         "example": {"prompt": heldout[0].text, "answer": heldout[0].answer, "completion": greedy[0][0]},
     }
     if k:
-        sampled = complete(model, tokenizer, prompts, samples=k, greedy=False, desc=f"{k} samples", **common)
+        sampled = complete(
+            model, tokenizer, prompts, samples=k, greedy=False, desc=f"{k} samples", temperature=temperature, **common
+        )
         shares = [sum(task.reward(p, c) >= SOLVED for c in cs) / k for p, cs in zip(heldout, sampled)]
         result["pass1"] = asdict(mean_with_ci(shares))
     return result
@@ -135,8 +163,8 @@ def command(args: argparse.Namespace, prog: str) -> None:
     from echo_learner.tasks.registry import load_task
     from protocol.config import fail
 
-    if args.n < 1 or args.k < 0 or args.batch < 1:
-        fail(prog, "-n and --batch must be at least 1, -k at least 0")
+    if args.n < 1 or args.k < 0 or args.batch < 1 or args.temperature < 0:
+        fail(prog, "-n and --batch must be at least 1, -k and --temperature at least 0")
     saved_path = args.data_dir / "config.json"
     saved = json.loads(saved_path.read_text()) if saved_path.exists() else {}
     source = args.model if args.model is not None else saved.get("model", "")
@@ -156,8 +184,10 @@ def command(args: argparse.Namespace, prog: str) -> None:
         model, tokenizer, task, n=args.n, k=args.k, batch=args.batch, seed=args.seed,
         max_new_tokens=args.max_new_tokens or saved.get("max_new_tokens") or task.max_new_tokens,
         system_prompt=args.system_prompt or saved.get("system_prompt") or task.system_prompt,
+        temperature=args.temperature or saved.get("temperature", 1.0),
     )
     result["model"] = describe(source)
+    result["temperature"] = args.temperature or saved.get("temperature", 1.0)
     result["step"] = None if state is None else state["step"]
     if args.json:
         print(json.dumps(result))
@@ -168,4 +198,4 @@ def command(args: argparse.Namespace, prog: str) -> None:
     print(f"greedy accuracy  {result['greedy']['value']:.3f}  (95% CI {lo:.3f}-{hi:.3f})")
     if args.k:
         lo, hi = result["pass1"]["ci95"]
-        print(f"pass@1 ({args.k} samples)  {result['pass1']['value']:.3f}  (95% CI {lo:.3f}-{hi:.3f})")
+        print(f"pass@1 ({args.k} samples at temperature {result['temperature']})  {result['pass1']['value']:.3f}  (95% CI {lo:.3f}-{hi:.3f})")

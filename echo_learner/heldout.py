@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -74,8 +75,7 @@ class HeldoutMonitor:
                 max_new_tokens=self.max_new_tokens, system_prompt=self.system_prompt,
             )
             try:
-                # Abandoned on shutdown: a half-done score is worth nothing.
-                result = await trio.to_thread.run_sync(score, abandon_on_cancel=True)
+                result = await _stoppable(score)
             except TaskError as exc:  # the task has no held-out split
                 event(log, logging.WARNING, "no held-out evaluation", error=exc)
                 return
@@ -93,6 +93,28 @@ class HeldoutMonitor:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
             event(log, logging.INFO, "held-out", **record)
+
+
+async def _stoppable(score: functools.partial) -> dict:
+    """``score(stop=...)`` in a worker thread. Cancelled, it stops the thread
+    and waits for it: a half-done score is worth nothing, and a thread left
+    running torch when the interpreter exits aborts the process (SIGABRT,
+    "terminate called without an active exception")."""
+    stop, done = threading.Event(), threading.Event()
+
+    def work() -> dict:
+        try:
+            return score(stop=stop)
+        finally:
+            done.set()
+
+    try:
+        return await trio.to_thread.run_sync(work, abandon_on_cancel=True)
+    except trio.Cancelled:
+        stop.set()
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(done.wait)
+        raise
 
 
 def _read(path: Path) -> list[dict]:

@@ -197,7 +197,7 @@ class Ingest:
             prompts=tuple(Prompt(a.prompt_id, a.tokens) for a in taken),
             group_size=cfg.group_size,
             max_new_tokens=self.limits.max_new_tokens,
-            temperature=1.0,
+            temperature=self.limits.temperature,
             stop_token_ids=tuple(sorted(self.limits.stop_ids)),  # what check_batch holds nodes to
             deadline_ms=now_ms() + int(cfg.assignment_timeout_s * 1000),
         )

@@ -2,16 +2,43 @@
 
 The trainer needs them with gradients for whole batches of sequences
 (``completion_logprobs``); verification recomputes a node's reported log-probs
-group by group, sharing each prompt's KV cache (``group_logprobs``). Both are
-the log-softmax of the raw logits (temperature 1); tests hold them equal.
+group by group, sharing each prompt's KV cache (``grouped_token_stats``). Both
+are the log-softmax of the logits over the job's sampling temperature (the
+distribution nodes sample from); tests hold them equal.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+# What one logit costs in memory at its peak, in float32 copies of the
+# logits: verification holds the logits, their log-softmax and three
+# intermediates of the entropy statistics; training the logits, their
+# log-softmax and the gradient of each.
+VERIFY_BYTES_PER_LOGIT = 5 * 4
+TRAIN_BYTES_PER_LOGIT = 4 * 4
+
+
+def row_slices(widths: Sequence[int], vocab: int, max_bytes: int, bytes_per_logit: int) -> list[slice]:
+    """Consecutive slices of rows whose padded logits (rows x widest x vocab)
+    fit ``max_bytes``: long answers are split over several forward passes
+    instead of one that runs the machine out of memory. A row too wide on
+    its own still gets a slice of its own."""
+    slices: list[slice] = []
+    start, widest = 0, 0
+    for i, width in enumerate(widths):
+        wider = max(widest, width)
+        if i > start and (i - start + 1) * wider * vocab * bytes_per_logit > max_bytes:
+            slices.append(slice(start, i))
+            start, wider = i, width
+        widest = wider
+    if widths:
+        slices.append(slice(start, len(widths)))
+    return slices
 
 
 def completion_logprobs(
@@ -19,13 +46,15 @@ def completion_logprobs(
     prompts: Sequence[Sequence[int]],
     completions: Sequence[Sequence[int]],
     pad_id: int,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logprobs, mask)``, both ``[n, width - 1]``.
 
     Row ``i`` is ``prompts[i] + completions[i]``, right-padded. Position t
     predicts token t + 1, so completion token j of a row whose prompt has
     length p sits at position p - 1 + j; ``mask`` marks those positions.
-    Log-probs are the log-softmax of the raw logits (temperature 1).
+    Log-probs are the log-softmax of the logits divided by ``temperature``
+    (the distribution nodes sample from).
     """
     seqs = [list(p) + list(c) for p, c in zip(prompts, completions)]
     width = max(len(s) for s in seqs)
@@ -38,7 +67,7 @@ def completion_logprobs(
         attention[i, : len(s)] = 1
         mask[i, len(p) - 1 : len(p) - 1 + len(c)] = 1
     logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
     taken = logprobs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     return taken, mask
 
@@ -55,8 +84,8 @@ def spread(values: Sequence[Sequence[float]], prompts: Sequence[Sequence[int]], 
 class TokenStats:
     """Per sampled token of one completion, under the learner's model: the
     token's log-prob, and the entropy and variance of ``-log p`` of the whole
-    distribution it was sampled from (what an honest temperature-1 sample's
-    surprise averages to, and how much it spreads)."""
+    distribution it was sampled from (what an honest sample's surprise
+    averages to, and how much it spreads)."""
 
     logprobs: torch.Tensor
     entropy: torch.Tensor
@@ -78,9 +107,11 @@ def grouped_logprobs(
     prompts: Sequence[Sequence[int]],
     groups: Sequence[Sequence[Sequence[int]]],
     pad_id: int,
+    max_bytes: int = 2**30,
+    temperature: float = 1.0,
 ) -> list[list[torch.Tensor]]:
     """Log-probs of every completion's tokens; ``groups[g]`` all continue ``prompts[g]``."""
-    return [[s.logprobs for s in g] for g in grouped_token_stats(model, prompts, groups, pad_id)]
+    return [[s.logprobs for s in g] for g in grouped_token_stats(model, prompts, groups, pad_id, max_bytes, temperature)]
 
 
 @torch.no_grad()
@@ -89,6 +120,8 @@ def grouped_token_stats(
     prompts: Sequence[Sequence[int]],
     groups: Sequence[Sequence[Sequence[int]]],
     pad_id: int,
+    max_bytes: int = 2**30,
+    temperature: float = 1.0,
 ) -> list[list[TokenStats]]:
     """``TokenStats`` of every completion; ``groups[g]`` all continue ``prompts[g]``.
 
@@ -96,8 +129,9 @@ def grouped_token_stats(
     each prompt goes through the model once and its KV cache is shared by its
     completions (the full recompute of ``completion_logprobs`` repeats the
     prompt for every completion: on SmolLM2 with 5-token prompts and 4-token
-    completions, twice the work). Two forward passes for the whole batch:
-    the prompts, left-padded; then every completion, right-padded.
+    completions, twice the work). First the prompts, left-padded, keeping only
+    their last position's logits; then the completions, right-padded, in as
+    many passes as keep their logits under ``max_bytes``.
     """
     n_groups, width_p = len(prompts), max(len(p) for p in prompts)
     ids = torch.full((n_groups, width_p), pad_id, dtype=torch.long)
@@ -106,39 +140,45 @@ def grouped_token_stats(
         ids[g, width_p - len(p) :] = torch.tensor(list(p))
         seen[g, width_p - len(p) :] = 1
     positions = (seen.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=ids, attention_mask=seen, position_ids=positions, use_cache=True)
-    first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # predicts each completion's token 0
+    out = model(input_ids=ids, attention_mask=seen, position_ids=positions, use_cache=True, logits_to_keep=1)
+    first = torch.log_softmax(out.logits[:, -1].float() / temperature, dim=-1)  # predicts each completion's token 0
     first_h, first_v = _spread_stats(first)
 
     sizes = [len(group) for group in groups]
     rows = [(g, c) for g, group in enumerate(groups) for c in group]
-    width = max(len(c) for _, c in rows)
     result = [
         (first[g, c[0]].reshape(1), first_h[g].reshape(1), first_v[g].reshape(1)) for g, c in rows
     ]
-    if width > 1:
-        tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        present = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, (_, c) in enumerate(rows):
+    vocab = first.shape[-1]
+    for part in row_slices([len(c) - 1 for _, c in rows], vocab, max_bytes, VERIFY_BYTES_PER_LOGIT):
+        chunk = rows[part]
+        width = max(len(c) for _, c in chunk)
+        if width < 2:
+            continue  # one-token completions: the prompt pass scored them
+        tokens = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        present = torch.zeros((len(chunk), width), dtype=torch.long)
+        for i, (_, c) in enumerate(chunk):
             tokens[i, : len(c)] = torch.tensor(list(c))
             present[i, : len(c)] = 1
-        owner = torch.tensor([g for g, _ in rows])
-        cache = out.past_key_values
+        owner = torch.tensor([g for g, _ in chunk])
+        cache = copy.deepcopy(out.past_key_values)
         cache.batch_select_indices(owner)  # every row gets its own prompt's cache
         # Position j of a completion predicts its token j + 1; right padding
         # comes after every real token, so causal attention never sees it.
         attention = torch.cat([seen[owner], present[:, :-1]], dim=1)
-        steps = torch.arange(width - 1)[None, :] + torch.tensor([len(prompts[g]) for g, _ in rows])[:, None]
+        steps = torch.arange(width - 1)[None, :] + torch.tensor([len(prompts[g]) for g, _ in chunk])[:, None]
         logits = model(
             input_ids=tokens[:, :-1], attention_mask=attention, position_ids=steps, past_key_values=cache
         ).logits
-        lp = torch.log_softmax(logits.float(), dim=-1)
+        lp = torch.log_softmax(logits.float() / temperature, dim=-1)
+        del logits
         rest = lp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
         rest_h, rest_v = _spread_stats(lp)
-        result = [
-            tuple(torch.cat([head, tail[i, : len(c) - 1]]) for head, tail in zip(result[i], (rest, rest_h, rest_v)))
-            for i, (_, c) in enumerate(rows)
-        ]
+        for i, (_, c) in enumerate(chunk, start=part.start):
+            result[i] = tuple(
+                torch.cat([head, tail[i - part.start, : len(c) - 1]])
+                for head, tail in zip(result[i], (rest, rest_h, rest_v))
+            )
     stats = [TokenStats(*r) for r in result]
     out_groups, i = [], 0
     for size in sizes:

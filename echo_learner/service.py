@@ -11,6 +11,7 @@ thread) and, every ``publish_every`` steps, publishes the next version.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -29,11 +30,12 @@ from echo_learner.capacity import CapacityMeter, forecast
 from echo_learner.config import LearnerConfig
 from echo_learner.heldout import HeldoutMonitor
 from echo_learner.ingest import Ingest, now_ms
+from echo_learner.job_bounds import check_answers_fit, check_prompts_fit
 from echo_learner.ledger import Ledger
 from echo_learner.model import config_json, describe, load_model, render_prompt, stop_ids, tokenizer_digest
 from echo_learner.peers import PeerBook
 from echo_learner.pool import PromptPool
-from echo_learner.tasks.base import Task, TaskError, TaskPrompt
+from echo_learner.tasks.base import Task, TaskPrompt
 from echo_learner.tasks.registry import load_task
 from echo_learner.trainer import Objective, StepStats, Trainer
 from echo_learner.verify import Limits, Policies
@@ -57,7 +59,6 @@ log = logging.getLogger(__name__)
 
 DHT_TIMEOUT_S = 10.0
 HISTORY_STEPS = 5000  # step records kept in memory for the status API
-PROMPT_SAMPLE = 32  # prompts drawn at start to check that the task's fit the model
 
 
 class StartError(RuntimeError):
@@ -89,8 +90,16 @@ class Learner:
         torch.manual_seed(config.seed)
         self.model, self.tokenizer = load_model(config.model, config.seed)
         self.max_new_tokens = config.max_new_tokens or self.task.max_new_tokens
+        if not config.assignment_timeout_s:
+            config = dataclasses.replace(config, assignment_timeout_s=30 + 0.5 * self.max_new_tokens)
+            self.config = config
         self.system_prompt = config.system_prompt or self.task.system_prompt
-        self._check_prompts_fit()
+        check_answers_fit(config.prompts_per_request, config.group_size, self.max_new_tokens,
+                          self.model.config.vocab_size)
+        check_prompts_fit(
+            self.task, self._tokens, getattr(self.model.config, "max_position_embeddings", None) or MAX_PROMPT_TOKENS,
+            self.max_new_tokens, config.seed,
+        )
         self.heldout = HeldoutMonitor(
             self.task, self.tokenizer, every=config.eval_every, prompts=config.eval_prompts,
             max_new_tokens=self.max_new_tokens, system_prompt=self.system_prompt,
@@ -101,6 +110,8 @@ class Learner:
             lr=config.lr,
             objective=Objective(config.clip_eps, config.ratio_cap, config.kl_coef),
             pad_id=self.tokenizer.pad_token_id,
+            max_logit_bytes=config.logit_memory_mib * 2**20,
+            temperature=config.temperature,
         )
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(config.ledger_path)
@@ -122,6 +133,7 @@ class Learner:
         self.meter = CapacityMeter(config.capacity_window_s)
         self.version = -1
         self.step = 0
+        self.checkpointed_step = 0  # the step the checkpoint on disk holds
         self.started = time.time()
         self.history: deque[dict] = deque(maxlen=HISTORY_STEPS)
         # The newest manifest not yet in the DHT (see _keep_manifest_in_dht).
@@ -138,6 +150,8 @@ class Learner:
                 vocab_size=self.model.config.vocab_size,
                 group_size=config.group_size,
                 max_new_tokens=self.max_new_tokens,
+                max_logit_bytes=config.logit_memory_mib * 2**20,
+                temperature=config.temperature,
                 stop_ids=stop_ids(self.tokenizer),
             ),
             pool=self.pool,
@@ -158,8 +172,9 @@ class Learner:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Serve and train until ``config.steps`` steps are done, then return.
 
-        Cancelling it stops serving at once; the ledger holds every verdict
-        already answered and the checkpoint the last N steps' training.
+        Cancelling it (Ctrl-C, SIGTERM) stops serving at once; the ledger
+        holds every verdict already answered, and a checkpoint is written on
+        the way out if steps were trained since the last one.
         """
         from echo_learner.api import serve_api  # the HTTP server, only when running
 
@@ -209,6 +224,10 @@ class Learner:
                 nursery.cancel_scope.cancel()
         finally:
             self.config.api_path.unlink(missing_ok=True)
+            if self.step > self.checkpointed_step:
+                with trio.CancelScope(shield=True):
+                    await self.save_checkpoint()
+                event(log, logging.WARNING, "checkpoint written on stop", step=self.step)
             self.ledger.close()
 
     def _start(self) -> int:
@@ -231,7 +250,7 @@ class Learner:
             self.model.load_state_dict(state["model"])
             self.trainer.optimizer.load_state_dict(state["optimizer"])
             checkpoint.restore_rng(self.rng, state["rng"])
-            self.step = state["step"]
+            self.step = self.checkpointed_step = state["step"]
             self.pool.restore(state["pool"], version_offset=first_version - state["version"])
             event(log, logging.WARNING, "resumed from checkpoint", step=self.step,
                   checkpoint_version=state["version"], next_version=first_version)
@@ -252,21 +271,6 @@ class Learner:
     def _tokens(self, prompt: TaskPrompt) -> tuple[int, ...]:
         return render_prompt(self.tokenizer, prompt.text, self.system_prompt)
 
-    def _check_prompts_fit(self) -> None:
-        """Refuse a task whose prompts (a sample of them) leave no room for
-        --max-new-tokens in the model's context, or exceed the wire's limit:
-        nodes would refuse every assignment."""
-        context = getattr(self.model.config, "max_position_embeddings", None) or MAX_PROMPT_TOKENS
-        room = min(context - self.max_new_tokens, MAX_PROMPT_TOKENS)
-        rng = random.Random(self.config.seed + 1)  # not self.rng: its draws are the training prompts
-        longest = max(len(self._tokens(self.task.sample(rng))) for _ in range(PROMPT_SAMPLE))
-        if longest > room:
-            raise TaskError(
-                f"task {self.task.name}: prompts of up to {longest} tokens do not fit: the model's context is "
-                f"{context} tokens with --max-new-tokens {self.max_new_tokens}, and prompts may have at "
-                f"most {MAX_PROMPT_TOKENS} tokens (choose a bigger model, e.g. --model smollm2, or a smaller task)"
-            )
-
     # --- training ----------------------------------------------------------------
 
     async def train(self) -> None:
@@ -284,11 +288,15 @@ class Learner:
                 self.pool.set_open(False)
             staleness = sum(self.version - r.version for r in batch) / len(batch)
             t0 = time.monotonic()
-            stats: StepStats = await trio.to_thread.run_sync(
-                self.trainer.step, [r.group for r in batch]
-            )
+            # A step once begun is counted even if we are stopped meanwhile:
+            # its thread changes the weights whatever happens here, and the
+            # checkpoint written on the way out must say which step they are.
+            with trio.CancelScope(shield=True):
+                stats: StepStats = await trio.to_thread.run_sync(
+                    self.trainer.step, [r.group for r in batch]
+                )
+                self.step += 1
             self.meter.on_train(t0, time.monotonic())
-            self.step += 1
             if self.step % every == 0:
                 await self.publish()
             self._write_metrics(stats, staleness)
@@ -357,6 +365,7 @@ class Learner:
             checkpoint.save(self.config.checkpoint_path, state)
 
         await trio.to_thread.run_sync(write)
+        self.checkpointed_step = self.step
 
     # --- publishing --------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save
 
 from echo_learner.grpo import clipped_surrogate_loss, group_advantages, kl_penalty
-from echo_learner.logprobs import completion_logprobs, spread
+from echo_learner.logprobs import TRAIN_BYTES_PER_LOGIT, completion_logprobs, row_slices, spread
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,21 @@ class Objective:
 
 
 class Trainer:
-    def __init__(self, model: torch.nn.Module, *, lr: float, objective: Objective, pad_id: int):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        lr: float,
+        objective: Objective,
+        pad_id: int,
+        max_logit_bytes: int = 2**30,
+        temperature: float = 1.0,
+    ):
         self.model = model
+        self.temperature = temperature
         self.objective = objective
         self.pad_id = pad_id
+        self.max_logit_bytes = max_logit_bytes
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         # The reference policy for the KL penalty is the starting model, frozen.
         self.reference = copy.deepcopy(model).eval() if objective.kl_coef > 0 else None
@@ -83,25 +94,35 @@ class Trainer:
         prompts = [g.prompt_tokens for g in groups for _ in g.completions]
         completions = [c for g in groups for c in g.completions]
         behaviour = [b for g in groups for b in g.behaviour_logprobs]
+        tokens = sum(len(c) for c in completions)
 
+        # Long answers: the batch goes through the model in parts whose
+        # logits fit the memory budget, each part's loss weighted by its
+        # share of the tokens, so the gradient is the whole batch's mean.
         self.model.train()
-        logprobs, mask = completion_logprobs(self.model, prompts, completions, self.pad_id)
-        old = spread(behaviour, prompts, logprobs.shape[1])
-        obj = self.objective
-        loss = clipped_surrogate_loss(logprobs, old, advantages, mask, obj.clip_eps, obj.ratio_cap)
-        kl = torch.zeros(())
-        if self.reference is not None:
-            with torch.no_grad():
-                ref, _ = completion_logprobs(self.reference, prompts, completions, self.pad_id)
-            kl = kl_penalty(logprobs, ref, mask)
-            loss = loss + obj.kl_coef * kl
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        obj = self.objective
+        total_loss, total_kl = 0.0, 0.0
+        widths = [len(p) + len(c) for p, c in zip(prompts, completions)]
+        vocab = self.model.config.vocab_size
+        for part in row_slices(widths, vocab, self.max_logit_bytes, TRAIN_BYTES_PER_LOGIT):
+            logprobs, mask = completion_logprobs(
+                self.model, prompts[part], completions[part], self.pad_id, self.temperature
+            )
+            share = float(mask.sum()) / tokens
+            old = spread(behaviour[part], prompts[part], logprobs.shape[1])
+            loss = clipped_surrogate_loss(logprobs, old, advantages[part], mask, obj.clip_eps, obj.ratio_cap)
+            kl = torch.zeros(())
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref, _ = completion_logprobs(
+                        self.reference, prompts[part], completions[part], self.pad_id, self.temperature
+                    )
+                kl = kl_penalty(logprobs, ref, mask)
+                loss = loss + obj.kl_coef * kl
+            (loss * share).backward()
+            total_loss += float(loss.detach()) * share
+            total_kl += float(kl.detach()) * share
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
-        return StepStats(
-            loss=float(loss.detach()),
-            kl=float(kl.detach()),
-            reward_mean=float(rewards.mean()),
-            tokens=int(mask.sum()),
-        )
+        return StepStats(loss=total_loss, kl=total_kl, reward_mean=float(rewards.mean()), tokens=tokens)

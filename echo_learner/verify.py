@@ -10,7 +10,7 @@ first failure is the receipt's reason (``verify_batch`` runs them all):
     lengths, nothing after a stop token -> assignment still this node's and
     unanswered
     -> log-probs recomputed by the learner, then the sampled tokens'
-    plausibility as temperature-1 samples (``check_logprobs``, in a thread)
+    plausibility as samples at the job's temperature (``check_logprobs``, in a thread)
 
 Rewards are computed afterwards by the learner itself (``echo_learner.tasks``).
 """
@@ -95,7 +95,7 @@ TOLERANCE = {
 SUPPORTED = frozenset({("torch", "f32"), ("llama", "f32"), ("llama", "f16"), ("llama", "q8_0")})
 
 
-# Whether the sampled tokens are what temperature-1 sampling from the claimed
+# Whether the sampled tokens are what sampling at the job's temperature from the claimed
 # version gives (after GRAIL's token-plausibility check). For each token, its
 # surprise under the learner's recompute, -log p(token), minus the entropy of
 # the distribution it was drawn from has mean 0 and a known variance; over a
@@ -111,7 +111,7 @@ PLAUSIBLE_Z = {"f32": 8.0, "f16": 8.0, "q8_0": 10.0}
 @dataclass(frozen=True)
 class LogprobError:
     """|reported - recomputed| log-prob over a batch's sampled tokens, and
-    how plausible the tokens are as temperature-1 samples (``surprise_z``)."""
+    how plausible the tokens are as samples at the job's temperature (``surprise_z``)."""
 
     worst: float
     mean: float
@@ -127,6 +127,10 @@ class Limits:
     # Generation ends at the first of these: tokens after one were never
     # sampled by an honest node (and would be credited and trained on).
     stop_ids: frozenset[int] = frozenset()
+    # Memory one recompute pass may spend on logits (--logit-memory-mib).
+    max_logit_bytes: int = 2**30
+    # The sampling temperature nodes are told: log-probs are recomputed at it.
+    temperature: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -179,7 +183,9 @@ async def verify_batch(
     in_flight.add(key)
     started = time.monotonic()
     try:
-        error = await trio.to_thread.run_sync(logprob_error, model, prompts, batch, pad_id)
+        error = await trio.to_thread.run_sync(
+            logprob_error, model, prompts, batch, pad_id, limits.max_logit_bytes, limits.temperature
+        )
     finally:
         in_flight.discard(key)
     on_recomputed(time.monotonic() - started)
@@ -257,7 +263,12 @@ def _assignments_open(batch: RolloutBatch, sender: str, pool: PromptPool) -> str
 
 @torch.no_grad()
 def logprob_error(
-    model: torch.nn.Module, prompts: list[tuple[int, ...]], batch: RolloutBatch, pad_id: int
+    model: torch.nn.Module,
+    prompts: list[tuple[int, ...]],
+    batch: RolloutBatch,
+    pad_id: int,
+    max_logit_bytes: int = 2**30,
+    temperature: float = 1.0,
 ) -> LogprobError:
     """|reported - recomputed| log-prob over every sampled token of ``batch``.
 
@@ -267,7 +278,8 @@ def logprob_error(
     """
     assert len(prompts) == len(batch.groups), "one prompt per group"
     mine = grouped_token_stats(
-        model, prompts, [[c.tokens for c in g.completions] for g in batch.groups], pad_id
+        model, prompts, [[c.tokens for c in g.completions] for g in batch.groups], pad_id, max_logit_bytes,
+        temperature,
     )
     pairs = [
         (stats, torch.tensor(c.logprobs, dtype=torch.float32))

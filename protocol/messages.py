@@ -45,6 +45,7 @@ VERDICTS = ("accepted", "refused")
 # Whether a node can be dialled from outside (protocol.reachability, AutoNAT).
 REACHABILITY = ("unknown", "public", "private")
 MAX_ADDR = 256  # one multiaddr as text
+MAX_TASK = 256  # a task spec, options included (rg:name:option=value,...)
 
 
 # --- signed documents -------------------------------------------------------
@@ -59,7 +60,7 @@ class Manifest:
     job_id: str = field(metadata=check(JOB_ID))
     version: int = field(metadata=check(VERSION))
     parent_version: int = field(metadata=check(Int(-1, MAX_U53)))
-    task: str = field(metadata=check(Str(64)))
+    task: str = field(metadata=check(Str(MAX_TASK)))
     # Hugging Face config.json of the model, as JSON text.
     model_config: str = field(metadata=check(Str(16_384)))
     tokenizer_digest: bytes = field(metadata=check(SHA256))

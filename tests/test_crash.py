@@ -156,6 +156,11 @@ def test_learner_survives_sigkill_and_resumes(swarm_factory, tmp_path):
 
     codes = swarm.stop_all()
     assert set(codes.values()) == {0}, codes
+    # A clean stop (Ctrl-C) loses no training: the checkpoint written on the
+    # way out holds every step trained, not just those up to the last
+    # --checkpoint-every.
+    trained = swarm.metrics()[-1]["step"] + 1
+    assert torch.load(swarm.root / "learner" / "checkpoint.pt", weights_only=True)["step"] >= trained
 
     # Nothing acknowledged was lost: every row from before the kill is still
     # there, and every receipt any node holds has its row, with the batch.

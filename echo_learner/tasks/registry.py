@@ -20,6 +20,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 
 from echo_learner.tasks.base import Task, TaskError
+from protocol.messages import MAX_TASK
 
 ENTRY_POINT_GROUP = "echo_swarm.tasks"
 BUILT_IN = {
@@ -46,6 +47,8 @@ def _factory(target: str) -> Callable[[str], Task]:
 
 def load_task(spec: str) -> Task:
     """The task ``spec`` names; ``TaskError`` with what is wrong otherwise."""
+    if len(spec) > MAX_TASK:  # it travels in every manifest
+        raise TaskError(f"task spec of {len(spec)} characters; at most {MAX_TASK}")
     family, _, argument = spec.strip().partition(":")
     known = families()
     if family not in known:

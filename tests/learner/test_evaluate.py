@@ -1,10 +1,14 @@
 import random
+import threading
 from dataclasses import dataclass
 
 import pytest
+import trio
 
-from echo_learner.evaluate import evaluate, mean_with_ci, wilson
+from echo_learner.evaluate import Stopped, evaluate, mean_with_ci, wilson
+from echo_learner.heldout import HeldoutMonitor
 from echo_learner.model import load_model
+from echo_learner.tasks.registry import load_task
 from echo_learner.tasks.base import TaskError, TaskPrompt
 
 
@@ -53,3 +57,43 @@ def test_a_task_without_heldout_prompts_cannot_be_evaluated():
     model, tokenizer = load_model("", seed=0)
     with pytest.raises(TaskError, match="no held-out prompts"):
         evaluate(model, tokenizer, NoSplit(""), n=4, k=0, max_new_tokens=4)
+
+
+def test_a_stopped_evaluation_ends_within_one_forward_pass():
+    model, tokenizer = load_model("", seed=0)
+    stop = threading.Event()
+    passes = []
+    model.register_forward_pre_hook(lambda *_: passes.append(1) or stop.set())
+    with pytest.raises(Stopped):
+        evaluate(model, tokenizer, Judge(""), n=4, k=3, max_new_tokens=4, stop=stop)
+    assert len(passes) == 1
+
+
+def test_held_out_scoring_cancelled_leaves_no_thread_running_the_model(tmp_path):
+    """A learner that stops while a held-out score runs must wait for its
+    thread: one left inside torch when the interpreter exits aborts it."""
+    model, tokenizer = load_model("", seed=0)
+    monitor = HeldoutMonitor(
+        load_task("reverse"), tokenizer, every=1, prompts=2000, max_new_tokens=4, system_prompt="",
+        path=tmp_path / "heldout.jsonl",
+    )
+    inside = threading.Semaphore(0)  # released at every forward pass's start
+    running = []
+
+    def enter(*_):
+        running.append(1)
+        inside.release()
+
+    model.register_forward_pre_hook(enter)
+    model.register_forward_hook(lambda *_: running.pop())
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(monitor.run)
+            monitor.on_publish(0, 0, model)
+            await trio.to_thread.run_sync(inside.acquire)  # scoring has begun
+            nursery.cancel_scope.cancel()
+        return len(running)
+
+    assert trio.run(main) == 0
+    assert monitor.latest() is None  # a half-done score is not recorded

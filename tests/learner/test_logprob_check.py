@@ -40,7 +40,7 @@ def versions(n):
         yield model.eval()
 
 
-def sample_batches(model, rng, batches, max_new_tokens):
+def sample_batches(model, rng, batches, max_new_tokens, temperature=1.0):
     backend = TorchBackend(threads=1)
     trainer = Trainer(model, lr=0.0, objective=Objective(0.2, 3.0, 0.0), pad_id=256)
     backend.load(config_json(model), trainer.weights())
@@ -49,7 +49,7 @@ def sample_batches(model, rng, batches, max_new_tokens):
             (257, *(rng.randrange(97, 101) for _ in range(rng.randint(1, 12))), 61)
             for _ in range(PROMPTS_PER_BATCH)
         ]
-        groups = backend.generate(prompts, GROUP, max_new_tokens, 1.0, (258,))
+        groups = backend.generate(prompts, GROUP, max_new_tokens, temperature, (258,))
         batch = RolloutBatch(
             "reverse-test", 0, NODE.peer_id_str, b"n" * 16, "torch", "f32", 1,
             tuple(
@@ -75,6 +75,17 @@ def test_thousands_of_honest_rollouts_have_zero_false_rejects():
     print(f"honest rollouts {rollouts}, worst |node - learner| log-prob {worst:.2e}, |z| {most_z:.2f}")
     assert worst < TOLERANCE["f32"].worst / 10  # a wide margin, not a near miss
     assert most_z < PLAUSIBLE_Z["f32"] / 2
+
+
+def test_rollouts_sampled_at_the_jobs_temperature_verify_at_it_and_only_at_it():
+    """--temperature 0.7: nodes sample from softmax(logits / 0.7) and report
+    its log-probs; the learner recomputes at 0.7. Recomputed at 1, the same
+    honest rollouts would be refused: the temperature is really in force."""
+    model = next(versions(1))
+    rng = random.Random(6)
+    for prompts, batch in sample_batches(model, rng, batches=3, max_new_tokens=16, temperature=0.7):
+        assert check_logprobs(logprob_error(model, prompts, batch, pad_id=256, temperature=0.7), "f32") is None
+        assert check_logprobs(logprob_error(model, prompts, batch, pad_id=256), "f32") == BAD_LOGPROBS
 
 
 def test_forged_logprobs_are_caught():
@@ -136,6 +147,45 @@ def test_the_grouped_recompute_equals_the_full_one():
             expected = full[i, len(p) - 1 : len(p) - 1 + len(c)]
             assert flat[i].shape == expected.shape
             assert (flat[i] - expected).abs().max() < 1e-5
+
+
+def test_a_recompute_split_to_fit_its_memory_budget_gives_the_same_stats():
+    """Long answers: the completions go through the model in several passes."""
+    from echo_learner.logprobs import VERIFY_BYTES_PER_LOGIT, completion_logprobs, grouped_token_stats, row_slices
+
+    rng = random.Random(5)
+    model = next(versions(1))
+    prompts = [(257, *(rng.randrange(97, 101) for _ in range(rng.randint(1, 8))), 61) for _ in range(3)]
+    groups = [[tuple(rng.randrange(0, 259) for _ in range(rng.randint(1, 30))) for _ in range(6)] for _ in prompts]
+    budget = 3 * 30 * model.config.vocab_size * VERIFY_BYTES_PER_LOGIT  # about three rows a pass
+    assert len(row_slices([len(c) - 1 for g in groups for c in g], model.config.vocab_size, budget,
+                          VERIFY_BYTES_PER_LOGIT)) >= 4
+    for temperature in (1.0, 0.7):
+        whole = grouped_token_stats(model, prompts, groups, 256, temperature=temperature)
+        split = grouped_token_stats(model, prompts, groups, 256, max_bytes=budget, temperature=temperature)
+        for a, b in zip([s for g in whole for s in g], [s for g in split for s in g]):
+            for x, y in ((a.logprobs, b.logprobs), (a.entropy, b.entropy), (a.variance, b.variance)):
+                assert x.shape == y.shape and torch.allclose(x, y, atol=1e-4)  # variance: a difference of ~30s
+        # And both are the log-softmax of the logits over the temperature.
+        rows = [(p, c) for p, g in zip(prompts, groups) for c in g]
+        with torch.no_grad():
+            full, _ = completion_logprobs(model, [p for p, _ in rows], [c for _, c in rows], 256, temperature)
+        for i, (p, c) in enumerate(rows):
+            stats = split[i // 6][i % 6]
+            assert (stats.logprobs - full[i, len(p) - 1 : len(p) - 1 + len(c)]).abs().max() < 1e-5
+
+
+def test_row_slices_keep_every_row_once_and_under_the_budget():
+    from echo_learner.logprobs import row_slices
+
+    widths = [5, 1, 9, 9, 2, 40, 3]
+    slices = row_slices(widths, vocab=10, max_bytes=10 * 20 * 4, bytes_per_logit=4)
+    assert [i for s in slices for i in range(len(widths))[s]] == list(range(len(widths)))
+    for s in slices:
+        rows = widths[s]
+        assert len(rows) == 1 or len(rows) * max(rows) * 10 * 4 <= 10 * 20 * 4
+    assert widths[slices[-2]] == [40]  # too wide for the budget on its own: a pass of its own
+    assert row_slices([], 10, 100, 4) == []
 
 
 def _exact(model, prompts, groups, template):

@@ -42,6 +42,7 @@ def test_options_parse_as_json_or_text():
     ("rg:no_such_dataset", "reasoning-gym has no task 'no_such_dataset'"),
     ("rg:basic_arithmetic:seed=3", "seed is set by the learner"),
     ("rg:basic_arithmetic:min_terms=5,max_terms=2", "rg:basic_arithmetic"),
+    ("rg:basic_arithmetic:" + ",".join(f"min_terms={i}" for i in range(30)), "at most 256"),
 ])
 def test_bad_specs_are_refused_with_what_is_wrong(spec, error):
     with pytest.raises(TaskError, match=error):
@@ -73,3 +74,18 @@ def test_math_task_accepts_equivalent_forms_of_the_answer():
     assert task.reward(p, "No idea, maybe 3.") == 0.0
     real = task.sample(random.Random(0))
     assert task.reward(real, f"<answer>{real.answer}</answer>") == pytest.approx(1.0)
+
+
+
+def test_a_task_spec_with_options_fits_a_signed_manifest_record():
+    """The spec travels in every manifest, which the DHT's validator checks."""
+    from protocol import codec, manifest
+    from protocol.identity import Identity
+    from protocol.records import decode_record
+
+    spec = "math:basic_arithmetic:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
+    assert load_task(spec).name == spec
+    me = Identity.generate()
+    signed, _ = manifest.build(me, job_id="j", version=0, parent_version=-1, task=spec, model_config="{}",
+                               tokenizer_digest=bytes(32), weights=b"w" * 10, chunk_size=4)
+    assert decode_record(f"/echo-swarm/{me.peer_id_str}", codec.encode(signed)).task == spec
