@@ -91,6 +91,10 @@ class LlamaBackend:
         path = self.work_dir / f"policy-{self.prepared}-{self.dtype}.gguf"
         write_gguf(config_json, load(weights), path, self.dtype)
         model_params = llama_cpp.llama_model_default_params()
+        # No repacked weight layouts (AMX, CPU_REPACK): on Sapphire Rapids CPUs
+        # (AMX_INT8) the AMX buffer segfaults in its first q8_0 matmul
+        # (tests/node/test_llama_backend.py; llama.cpp #20824).
+        model_params.use_extra_bufts = False
         model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
         if not model:
             path.unlink(missing_ok=True)
