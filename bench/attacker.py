@@ -58,7 +58,7 @@ async def ask(node: Node, max_prompts: int = 4) -> None:
     try:
         reply = await request(
             node.swarm.host, node.learner, work.PROTOCOL,
-            lambda stream: work.ask(stream, WorkRequest(node.job_id, max_prompts, -1, "torch", "f32", node.config.name, "public")), timeout_s=60,
+            lambda stream: work.ask(stream, WorkRequest(node.job_id, max_prompts, -1, "torch", "f32", node.config.name, "public", "cpu", 0, 0.0)), timeout_s=60,
         )
     except RequestFailed:
         count("failed")

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from echo_learner.api import Server, _handle  # noqa: E402
-from echo_node.guard import Refused, config_parameters, weight_elements  # noqa: E402
+from echo_node.guard import Refused, model_shape, weight_elements  # noqa: E402
 from protocol import codec, framing, invite  # noqa: E402
 from protocol.broadcast import bitfield  # noqa: E402
 from protocol.errors import ProtocolError  # noqa: E402
@@ -134,7 +134,7 @@ def version_files(case: tuple) -> None:
     """A version's safetensors bytes and model config, as a node checks them."""
     weights, config = case
     weight_elements(weights)
-    config_parameters(config)
+    model_shape(config)
 
 
 def small_safetensors() -> bytes:

@@ -318,14 +318,16 @@ def show(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(peers, indent=2))
         return
-    print(f"{'peer':<14} {'backend':<7} {'dtype':<5} {'reachable':<10} {'connection':<10} "
+    print(f"{'peer':<14} {'backend':<7} {'dtype':<5} {'device':<6} {'free GiB':>8} {'tokens/s':>8} "
+          f"{'reachable':<10} {'connection':<10} "
           f"{'version':>7} {'rollouts/s':>10} {'accepted':>8} {'refused':>7} {'seen':>6}  last verdict")
     for p in peers:
         banned = f" BANNED {p['banned_for_s']:.0f}s" if p["banned_for_s"] else ""
         reach = {"private": "behind NAT"}.get(p["reachability"], p["reachability"])
         route = "relayed" if p["route"].startswith("relayed") else p["route"]
         print(
-            f"…{p['peer'][-12:]:<13} {p['backend']:<7} {p['dtype']:<5} {reach:<10} {route:<10} "
+            f"…{p['peer'][-12:]:<13} {p['backend']:<7} {p['dtype']:<5} {p['device']:<6} "
+            f"{p['memory_mib'] / 1024:>8.1f} {p['tokens_per_s']:>8.0f} {reach:<10} {route:<10} "
             f"{p['held_version']:>7} "
             f"{p['rollouts_per_s']:>10.1f} {p['accepted']:>8} {p['refused']:>7} "
             f"{p['last_seen_s']:>5.0f}s  {p['last_reason']}{banned}"

@@ -25,6 +25,7 @@ from echo_learner.config import LearnerConfig
 from echo_learner.ledger import CREDIT_PER_TOKEN, Ledger, Row
 from echo_learner.peers import PeerBook
 from echo_learner.pool import Assignment, PromptPool, Rollouts
+from echo_learner.sizing import prompts_for
 from echo_learner.tasks.base import Task
 from echo_learner.trainer import ScoredGroup
 from echo_learner.verify import ACCEPTED, Limits, Policies, Window, verify_batch
@@ -113,7 +114,7 @@ class Ingest:
         await work.answer(stream, lambda req: self._work(peer, via, req))
 
     async def _work(self, peer: str, via: str, req: WorkRequest) -> work.Reply:
-        self.peers.on_work_request(peer, req.backend, req.dtype, req.held_version, req.name, req.reachability, via)
+        self.peers.on_work_request(peer, req, via)
         if req.job_id != self.job_id:
             return ErrorReply(UNKNOWN_JOB, f"this learner runs {self.job_id}")
         if self._asking[peer] >= self.config.max_work_requests:
@@ -145,7 +146,7 @@ class Ingest:
                         work.BANNED, "too many strikes (refused batches, prompts left unanswered); try again later"
                     )
                 version = self.current_version()
-                wanted = min(req.max_prompts, self.config.prompts_per_request, self._room_for(peer))
+                wanted = min(req.max_prompts, self._sized_for(peer), self._room_for(peer))
                 taken = self.pool.take(peer, wanted, version) if wanted else []
                 if taken:
                     return self._assignment(version, taken)
@@ -174,6 +175,13 @@ class Ingest:
         if stats is not None and stats.accepted > 0:
             return False
         return self.peers.any_proven_active(self.config.assignment_timeout_s)
+
+    def _sized_for(self, peer: str) -> int:
+        """Prompts ``peer`` finishes well inside the deadline (echo_learner.sizing)."""
+        stats = self.peers.peers.get(peer)
+        cfg = self.config
+        return prompts_for(stats.rate if stats else 0.0, cfg.assignment_timeout_s, cfg.group_size,
+                           cfg.prompts_per_request)
 
     def _room_for(self, peer: str) -> int:
         """How many more prompts ``peer`` may hold now (echo_learner.fairness)."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from echo_learner.capacity import running_mean
 from echo_learner.verify import ACCEPTED, STRIKES
+from protocol.wire.work import WorkRequest
 
 # Weight of the newest sample in a node's throughput average.
 EWMA = 0.3
@@ -28,6 +29,11 @@ class PeerStats:
     name: str = ""  # chosen by the node's operator: untrusted, shown only as text
     reachability: str = "unknown"  # what the node's AutoNAT check found (it says so)
     route: str = ""  # how its last work request reached us: direct or relayed via <relay>
+    # What the node says it runs on and measured itself: shown, never used
+    # for sizing (``rate`` is the learner's own measure).
+    device: str = ""
+    memory_mib: int = 0
+    tokens_per_s: float = 0.0
     held_version: int = -1
     accepted: int = 0  # batches
     refused: int = 0
@@ -50,6 +56,9 @@ class PeerStats:
             "name": self.name,
             "backend": self.backend,
             "dtype": self.dtype,
+            "device": self.device,
+            "memory_mib": self.memory_mib,
+            "tokens_per_s": round(self.tokens_per_s, 1),
             "held_version": self.held_version,
             "reachability": self.reachability,
             "route": self.route,
@@ -83,13 +92,11 @@ class PeerBook:
         self.peers.move_to_end(peer)
         return stats
 
-    def on_work_request(
-        self, peer: str, backend: str, dtype: str, held_version: int, name: str = "",
-        reachability: str = "unknown", route: str = "direct",
-    ) -> None:
+    def on_work_request(self, peer: str, req: WorkRequest, route: str = "direct") -> None:
         stats = self.seen(peer)
-        stats.backend, stats.dtype, stats.held_version = backend, dtype, held_version
-        stats.name, stats.reachability, stats.route = name, reachability, route
+        stats.backend, stats.dtype, stats.held_version = req.backend, req.dtype, req.held_version
+        stats.name, stats.reachability, stats.route = req.name, req.reachability, route
+        stats.device, stats.memory_mib, stats.tokens_per_s = req.device, req.memory_mib, req.tokens_per_s
 
     def on_verdict(
         self,

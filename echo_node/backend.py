@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from echo_node.device import Device, DeviceUnavailable, choose_device, default_threads
+from protocol.wire.work import WorkAssignment
+
 INSTALL_LLAMA = (
     'llama.cpp is not installed: pip install "echo-swarm[llama]" (from the repository: '
     "pip install -e '.[llama]'; it builds llama.cpp, which takes a few minutes)"
@@ -37,6 +40,8 @@ class Sample:
 class Backend(Protocol):
     name: str  # as rollouts declare it: "torch" or "llama"
     dtype: str  # the precision its log-probs come from: "f32", "f16", "q8_0"
+    auto_dtype: bool  # the node may set ``dtype`` to what fits (before the first prepare)
+    device: Device  # where it generates
 
     def prepare(self, config_json: str, weights: bytes) -> Any: ...
 
@@ -58,6 +63,18 @@ class Backend(Protocol):
     ) -> list[list[Sample]]: ...
 
 
+def generate_in_calls(backend: Backend, work: WorkAssignment, per_call: int) -> list[list[Sample]]:
+    """An assignment's groups, ``per_call`` prompts per generate call (what
+    fits in memory: ``echo_node.memory.prompts_per_call``)."""
+    prompts = [p.tokens for p in work.prompts]
+    groups: list[list[Sample]] = []
+    for i in range(0, len(prompts), per_call):
+        groups.extend(backend.generate(
+            prompts[i : i + per_call], work.group_size, work.max_new_tokens, work.temperature, work.stop_token_ids,
+        ))
+    return groups
+
+
 class BackendUnavailable(RuntimeError):
     """The asked-for backend cannot run here; the message says what to do."""
 
@@ -66,8 +83,10 @@ def llama_installed() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("llama_cpp", "gguf"))
 
 
-def choose(name: str, dtype: str, threads: int, work_dir: Path) -> tuple[Backend, str]:
-    """The backend to run and why it was chosen (``name``: auto, torch or llama)."""
+def choose(name: str, dtype: str, threads: int, work_dir: Path, device: str = "auto") -> tuple[Backend, str]:
+    """The backend to run and why it was chosen (``name``: auto, torch or
+    llama; ``dtype`` auto lets the node pick llama.cpp's from the job's model
+    and free memory; ``threads`` 0: physical cores minus one)."""
     if name == "auto":
         if llama_installed():
             name, why = "llama", "auto: llama.cpp is installed"
@@ -75,14 +94,20 @@ def choose(name: str, dtype: str, threads: int, work_dir: Path) -> tuple[Backend
             name, why = "torch", "auto: llama.cpp is not installed (pip install -e '.[llama]' to use it)"
     else:
         why = "asked for with --backend"
+    if name == "llama" and not llama_installed():
+        raise BackendUnavailable(INSTALL_LLAMA)
+    if name == "torch" and dtype not in ("f32", "auto"):
+        raise BackendUnavailable(f"the torch backend runs f32 only, not {dtype} (use --backend llama)")
+    try:
+        where, why_device = choose_device(device, name)
+    except DeviceUnavailable as exc:
+        raise BackendUnavailable(str(exc)) from None
+    threads = threads or default_threads()
+    why = f"{why}; on {where.name} ({why_device}); CPU threads: {threads}"
     if name == "llama":
-        if not llama_installed():
-            raise BackendUnavailable(INSTALL_LLAMA)
         from echo_node.backend_llama import LlamaBackend
 
-        return LlamaBackend(dtype, threads, work_dir), why
-    if dtype != "f32":
-        raise BackendUnavailable(f"the torch backend runs f32 only, not {dtype} (use --backend llama)")
+        return LlamaBackend(dtype, threads, work_dir, where), why
     from echo_node.backend_torch import TorchBackend
 
-    return TorchBackend(threads), why
+    return TorchBackend(threads, where), why

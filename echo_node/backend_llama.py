@@ -24,6 +24,8 @@ import numpy as np
 from safetensors.numpy import load
 
 from echo_node.backend import Sample
+from echo_node.device import Device, cpu
+from echo_node.memory import LLAMA_CELLS
 from protocol.gguf_export import write_gguf
 
 # Sequences decoded together. With a unified KV cache every token attends over
@@ -72,8 +74,16 @@ class Loaded:
 class LlamaBackend:
     name = "llama"
 
-    def __init__(self, dtype: str, threads: int, work_dir: Path, context: int = 4096):
-        self.dtype = dtype
+    def __init__(self, dtype: str, threads: int, work_dir: Path, device: Device | None = None,
+                 context: int = LLAMA_CELLS):
+        # auto: the node picks the most exact dtype that fits once it knows
+        # the job's model (echo_node.memory.choose_dtype), before the first prepare.
+        self.auto_dtype = dtype == "auto"
+        self.dtype = "f32" if self.auto_dtype else dtype
+        self.device = device or cpu()
+        # Layers offloaded to the GPU: all (-1) on a GPU, unless the node
+        # finds fewer fit (echo_node.memory.gpu_layers); none on the CPU.
+        self.gpu_layers = -1 if self.device.gpu else 0
         self.threads = threads
         self.work_dir = work_dir
         self.context = context  # KV cells shared by all sequences of one batch
@@ -91,6 +101,7 @@ class LlamaBackend:
         path = self.work_dir / f"policy-{self.prepared}-{self.dtype}.gguf"
         write_gguf(config_json, load(weights), path, self.dtype)
         model_params = llama_cpp.llama_model_default_params()
+        model_params.n_gpu_layers = self.gpu_layers
         # No repacked weight layouts (AMX, CPU_REPACK): on Sapphire Rapids CPUs
         # (AMX_INT8) the AMX buffer segfaults in its first q8_0 matmul
         # (tests/node/test_llama_backend.py; llama.cpp #20824).

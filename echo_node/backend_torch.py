@@ -9,14 +9,24 @@ from safetensors.torch import load
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from echo_node.backend import Sample
+from echo_node.device import Device, cpu
 
 
 class TorchBackend:
     name = "torch"
+    # f32 on every device: the learner's log-prob tolerance for torch is
+    # calibrated on f32 (bf16/f16 on GPUs need their own, measured on one).
     dtype = "f32"
+    auto_dtype = False
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, device: Device | None = None):
         torch.set_num_threads(threads)
+        self.device = device or cpu()
+        self._torch_device = torch.device(self.device.kind)
+        if self.device.kind == "cuda":
+            # TF32 matmuls would put log-probs ~1e-3 away from the learner's f32.
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
         self.model: LlamaForCausalLM | None = None
         # Double buffering: a new version loads into the spare model while
         # generation goes on with the current one; ``use`` swaps them.
@@ -28,7 +38,7 @@ class TorchBackend:
         config = LlamaConfig.from_dict(json.loads(config_json))
         model = self._spare
         if model is None or model.config.to_dict() != config.to_dict():
-            model = LlamaForCausalLM(config).float().eval()
+            model = LlamaForCausalLM(config).float().eval().to(self._torch_device)
         state = load(weights)
         missing, unexpected = model.load_state_dict(state, strict=False)
         tied = getattr(model.config, "tie_word_embeddings", False)
@@ -73,8 +83,8 @@ class TorchBackend:
             input_ids[i, width - len(r) :] = torch.tensor(r)
             attention[i, width - len(r) :] = 1
         out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention,
+            input_ids=input_ids.to(self._torch_device),
+            attention_mask=attention.to(self._torch_device),
             do_sample=True,
             temperature=temperature,
             top_k=0,
@@ -87,7 +97,8 @@ class TorchBackend:
         )
         new = out.sequences[:, width:]
         logits = torch.stack(out.logits, dim=1).float() / temperature
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new[..., None]).squeeze(-1)
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new[..., None]).squeeze(-1).cpu()
+        new = new.cpu()
         samples = []
         for toks, lps in zip(new.tolist(), logprobs.tolist()):
             end = len(toks)

@@ -167,6 +167,7 @@ def join(config: NodeConfig, learner_addrs: tuple[str, ...], *, verbose: bool) -
     import trio
 
     from echo_node.backend import BackendUnavailable, choose
+    from echo_node.guard import Refused
     from echo_node.node import NoLearnerFound, Node
     from protocol.host import BadMultiaddr, check_addrs
     from protocol.identity import load_or_exit
@@ -179,10 +180,10 @@ def join(config: NodeConfig, learner_addrs: tuple[str, ...], *, verbose: bool) -
         fail(PROG, f"--name is {len(config.name)} characters; at most {MAX_NAME}")
     try:
         check_addrs(config.listen, config.bootstrap)
-        backend, why = choose(config.backend, config.dtype, config.threads, config.gguf_dir)
+        backend, why = choose(config.backend, config.dtype, config.threads, config.gguf_dir, config.device)
     except (BadMultiaddr, BackendUnavailable) as exc:
         fail(PROG, str(exc))
-    print(f"backend: {backend.name} {backend.dtype} ({why})", flush=True)
+    print(f"backend: {backend.name} {'dtype auto' if backend.auto_dtype else backend.dtype} ({why})", flush=True)
     identity = load_or_exit(PROG, config.identity_path)
     node = Node(config, identity, backend, learner_addrs)
 
@@ -193,8 +194,8 @@ def join(config: NodeConfig, learner_addrs: tuple[str, ...], *, verbose: bool) -
 
     try:
         run_until_signal(main)
-    except (BadMultiaddr, BootstrapUnreachable, NoLearnerFound) as exc:
-        fail(PROG, str(exc))
+    except (BadMultiaddr, BootstrapUnreachable, NoLearnerFound, Refused) as exc:
+        fail(PROG, str(exc))  # Refused: the job's model does not fit this machine
     finally:
         backend.close()
     print(

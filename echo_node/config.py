@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from echo_node.device import DEVICES
 from protocol.config import setting
 from protocol.connlimits import ConnectionSettings
 
@@ -26,8 +27,17 @@ class NodeConfig(ConnectionSettings):
         choices=("auto", "torch", "llama"),
     )
     dtype: str = setting(
-        "f32", "llama.cpp weight precision: f16 and q8_0 are 2x and 4x smaller, a little "
-        "less exact (the learner allows for it); torch runs f32", choices=("f32", "f16", "q8_0"),
+        "auto", "llama.cpp weight precision: f16 and q8_0 are 2x and 4x smaller, a little "
+        "less exact (the learner allows for it); auto: the most exact that fits in memory; "
+        "torch runs f32", choices=("auto", "f32", "f16", "q8_0"),
+    )
+    device: str = setting(
+        "auto", "where to generate: auto (the best that works: a GPU the backend can use, else the "
+        "CPU), cpu, cuda, mps (Apple) or vulkan (llama.cpp only)", choices=DEVICES,
+    )
+    max_memory: float = setting(
+        0.0, "most memory in GiB this node may use (RAM, or GPU memory on a GPU); 0: what is free, "
+        "less 0.5 GiB left for other programs. Work that would not fit is run smaller or refused", lo=0,
     )
     max_prompts: int = setting(4, "most prompts to take per work request", lo=1, hi=256)
     max_upload_mbit: float = setting(
@@ -51,9 +61,9 @@ class NodeConfig(ConnectionSettings):
         "keeps every receipt)", lo=0.01,
     )
     max_peers: int = setting(16, "most swarm neighbours to exchange weights with", lo=1)
-    # Small models decode fastest on one thread (llama.cpp: 2 threads were 3-5x
-    # slower on the built-in model, ../shared/notes/inference.md).
-    threads: int = setting(1, "CPU threads for generation (torch or llama.cpp)", lo=1)
+    threads: int = setting(
+        0, "CPU threads for generation (0: physical cores minus one, so the volunteer keeps a core)", lo=0
+    )
     request_timeout_s: float = setting(30.0, "deadline for one chunk or rollout request", lo=1)
     work_timeout_s: float = setting(
         30.0, "deadline for a work request (the learner may hold it until prompts are ready)", lo=1

@@ -31,8 +31,11 @@ from pathlib import Path
 
 from libp2p.peer.peerinfo import PeerInfo
 
+from echo_node.backend import BackendUnavailable, choose
 from echo_node.config import NodeConfig
-from echo_node.guard import available_ram
+from echo_node.device import Device, cpu, llama_gpu_kind, torch_gpu_kinds
+from echo_node.guard import Refused, model_shape
+from echo_node.memory import GiB, choose_dtype, free_bytes, gib, load_need
 from protocol.host import parse_peer_addr
 from protocol.identity import Identity, load
 from protocol.probe import measure_upload, try_punch
@@ -42,9 +45,6 @@ from protocol.rpc import route
 from protocol.swarm import open_swarm, ping
 
 OK, WARN, FAIL = "ok", "warn", "fail"
-# RAM a node needs beyond three copies of the weights (safetensors, the loaded
-# model, llama.cpp's GGUF): Python, torch and libp2p themselves.
-RUNTIME_BYTES = 600 * 2**20
 
 
 @dataclass
@@ -59,21 +59,55 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n / 1024:,.0f} KiB"
 
 
-def check_backends() -> Check:
+def check_backends(config: NodeConfig) -> Check:
+    """What is installed, and where ``echo-node join`` would generate with these settings."""
     found = []
     if importlib.util.find_spec("llama_cpp") is not None:
-        import llama_cpp
-
-        gpu = "GPU offload" if llama_cpp.llama_supports_gpu_offload() else "CPU only"
-        found.append(f"llama.cpp {importlib.metadata.version('llama-cpp-python')} ({gpu})")
+        gpu = llama_gpu_kind()
+        offload = f"GPU offload: {gpu}" if gpu else "CPU only: built without GPU offload"
+        found.append(f"llama.cpp {importlib.metadata.version('llama-cpp-python')} ({offload})")
     if importlib.util.find_spec("torch") is not None:
         import torch
 
-        found.append(f"torch {torch.__version__} ({'CUDA' if torch.cuda.is_available() else 'CPU'})")
+        found.append(f"torch {torch.__version__} ({', '.join(torch_gpu_kinds()) or 'CPU only'})")
     if not found:
         return Check("backends", FAIL, "no inference backend is installed",
                      "pip install echo-swarm (torch) or 'echo-swarm[llama]' (llama.cpp)")
-    return Check("backends", OK, ", ".join(found))
+    try:
+        backend, why = choose(config.backend, config.dtype, config.threads, config.gguf_dir, config.device)
+    except BackendUnavailable as exc:
+        return Check("backends", FAIL, f"{', '.join(found)}; {exc}", "change --backend or --device")
+    active = f"{', '.join(found)}; generating with {backend.name}: {why}"
+    gpu_here = bool(llama_gpu_kind() or torch_gpu_kinds()) or _has_nvidia_gpu()
+    if backend.device.gpu or not gpu_here:
+        return Check("backends", OK, active)
+    return Check("backends", WARN, active + "; a GPU is present but unused",
+                 "install a GPU build (README, 'A gaming PC') or pass --device")
+
+
+def _has_nvidia_gpu() -> bool:
+    """An NVIDIA driver is loaded, whatever our backends were built with."""
+    return Path("/proc/driver/nvidia/gpus").exists()
+
+
+def check_memory(config: NodeConfig, model_config: str) -> Check:
+    """The job's model against the memory free where the node would generate."""
+    try:
+        backend, _ = choose(config.backend, config.dtype, config.threads, config.gguf_dir, config.device)
+        device: Device = backend.device
+    except BackendUnavailable:
+        backend, device = None, cpu()
+    name = backend.name if backend else "torch"
+    free = free_bytes(device, int(config.max_memory * GiB))
+    try:
+        shape = model_shape(model_config)
+        dtype = choose_dtype(shape, name, config.dtype, free)
+    except Refused as exc:
+        return Check("memory", FAIL, str(exc), "close other programs, use --backend llama --dtype auto, "
+                     "or a machine with more memory")
+    need = load_need(shape, name, dtype)
+    return Check("memory", OK, f"the model in {name} {dtype} needs about {need.describe()} to load; "
+                 f"{gib(free)} free on {device.name}")
 
 
 def check_upnp(mapper: PortMapper | None, public: bool, port: int | None) -> Check:
@@ -91,7 +125,7 @@ def check_upnp(mapper: PortMapper | None, public: bool, port: int | None) -> Che
 
 async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s: float) -> list[Check]:
     """Run every check; never raises for what it finds."""
-    checks = [check_backends()]
+    checks = [check_backends(config)]
     identity = load(config.identity_path) if config.identity_path.exists() else Identity.generate()
     async with open_swarm(identity, config.listen, server=True, relays=config.bootstrap, upnp=config.upnp) as swarm:
         host = swarm.host
@@ -182,12 +216,7 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
                                         "turn on UPnP or forward the port above on your router"))
 
         size = record.total_size
-        need_ram = 3 * size + RUNTIME_BYTES
-        have_ram = available_ram()
-        checks.append(Check("memory", OK if have_ram >= need_ram else FAIL,
-                            f"the model ({_mib(size)}) needs about {_mib(need_ram)} of RAM; "
-                            f"{_mib(have_ram)} available",
-                            "" if have_ram >= need_ram else "close other programs or use a machine with more RAM"))
+        checks.append(check_memory(config, record.model_config))
         disk_dir = _existing_parent(config.data_dir)
         free = shutil.disk_usage(disk_dir).free
         need_disk = (config.keep_versions + 1) * size

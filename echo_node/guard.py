@@ -13,18 +13,18 @@ A version's weights and config are checked the same way before anything is
 built from them (``check_version``): a safetensors header that is malformed or
 points outside the file, or a config that describes a bigger model than the
 weights hold (transformers allocates the config's model before it loads a
-single weight) or one that does not fit in the RAM available, is refused.
+single weight), is refused. Whether the model fits in memory is
+``echo_node.memory``'s question.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
 from protocol.wire.work import WorkAssignment
 
 
@@ -85,17 +85,6 @@ CONFIG_BOUNDS = {
 }
 
 
-def available_ram() -> int:
-    """Bytes of RAM available to new work (MemAvailable on Linux)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 def weight_elements(weights: bytes) -> int:
     """How many numbers a safetensors file holds, after checking its header:
     bounded, JSON, known float dtypes, shapes that match their byte ranges,
@@ -140,8 +129,20 @@ def _config_int(config: dict[str, Any], key: str, default: int | None = None) ->
     return value
 
 
-def config_parameters(config_json: str) -> int:
-    """How many parameters a Llama built from ``config_json`` has. Raises ``Refused``."""
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a Llama that memory and compute depend on."""
+
+    parameters: int
+    vocab: int
+    layers: int
+    kv_heads: int
+    head_dim: int
+    context: int
+
+
+def model_shape(config_json: str) -> ModelShape:
+    """The shape of a Llama built from ``config_json``, every size bounded. Raises ``Refused``."""
     try:
         config = json.loads(config_json)
     except ValueError as exc:
@@ -153,23 +154,21 @@ def config_parameters(config_json: str) -> int:
     heads = _config_int(config, "num_attention_heads")
     kv_heads = _config_int(config, "num_key_value_heads", heads)
     head_dim = _config_int(config, "head_dim", max(hidden // heads, 1))
-    _config_int(config, "max_position_embeddings", DEFAULT_CONTEXT)
+    context = _config_int(config, "max_position_embeddings", DEFAULT_CONTEXT)
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, k, v, o
     per_layer = attention + 3 * hidden * inter + 2 * hidden  # + gate, up, down and two norms
     embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", False) else 2)
-    return embeddings + layers * per_layer + hidden
+    return ModelShape(embeddings + layers * per_layer + hidden, vocab, layers, kv_heads, head_dim, context)
 
 
-def check_version(config_json: str, weights: bytes, ram_available: int) -> None:
+def check_version(config_json: str, weights: bytes) -> ModelShape:
     """Raise ``Refused`` unless a model built from ``config_json`` holds no more
-    than ``weights`` carry and, with its weights loaded, fits in ``ram_available``."""
+    than ``weights`` carry; its shape otherwise (whether it fits in memory is
+    ``echo_node.memory``'s question)."""
     held = weight_elements(weights)
-    params = config_parameters(config_json)
+    shape = model_shape(config_json)
     # Biases and rounding aside, the config describes exactly what the
     # weights hold; a few percent of slack, never a bigger model.
-    if params > held * 1.05 + 4096:
-        raise Refused(f"model config describes {params:,} parameters but the weights hold {held:,}")
-    need = 2 * 4 * max(params, held)  # the built f32 model and its loaded state
-    if need > ram_available:
-        raise Refused(f"the model needs about {need / 2**30:.1f} GiB of RAM; "
-                      f"{ram_available / 2**30:.1f} GiB available")
+    if shape.parameters > held * 1.05 + 4096:
+        raise Refused(f"model config describes {shape.parameters:,} parameters but the weights hold {held:,}")
+    return shape

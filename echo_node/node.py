@@ -26,9 +26,10 @@ from libp2p.peer.peerinfo import PeerInfo
 from safetensors import SafetensorError
 
 from echo_node import status
-from echo_node.backend import Backend
+from echo_node.backend import Backend, generate_in_calls
 from echo_node.config import NodeConfig
-from echo_node.guard import ModelLimits, Refused, available_ram, check_assignment, check_version
+from echo_node.guard import ModelLimits, ModelShape, Refused, check_assignment, check_version, model_shape
+from echo_node.memory import GiB, fit_backend, free_bytes, gib, load_need, prompts_per_call
 from echo_node.weights import download_newer
 from protocol import codec
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine, VersionTooLarge
@@ -93,7 +94,10 @@ class Node:
         self._backend_lock = trio.Lock()
         self._outbox: trio.MemorySendChannel[RolloutBatch] | None = None
         self._generate_s = 0.0  # how long the last assignment took to generate
+        self.tokens_per_s = 0.0  # generation throughput, a running mean (shown to the learner)
         self.model_limits: ModelLimits | None = None  # of the loaded version: what assignments may ask
+        self.model_shape: ModelShape | None = None  # of the loaded version: what memory it needs
+        self._max_memory = int(config.max_memory * GiB)
 
     @asynccontextmanager
     async def joined(self) -> AsyncIterator[Swarm]:
@@ -141,6 +145,7 @@ class Node:
         async with self.joined() as swarm, trio.open_nursery() as nursery:
             assert self.learner is not None
             learner_id = self.learner.to_base58()
+            self._fit_job()
             store = VersionStore(
                 cfg.weights_dir(self.job_id), learner_id=learner_id, keep=cfg.keep_versions
             )
@@ -328,7 +333,7 @@ class Node:
         await self._delay()
         ask = WorkRequest(
             self.job_id, cfg.max_prompts, self.version, self.backend.name, self.backend.dtype, cfg.name,
-            self.reachability.status,
+            self.reachability.status, self.backend.device.kind, self._free() // 2**20, round(self.tokens_per_s, 1),
         )
         reply = await request(
             host, self.learner, work.PROTOCOL, lambda stream: work.ask(stream, ask), timeout_s=cfg.work_timeout_s
@@ -348,6 +353,7 @@ class Node:
             await self.update_weights(reply.version)
         assert self.model_limits is not None
         check_assignment(reply, self.model_limits)
+        self._prompts_per_call(reply)  # Refused when not even one group fits in memory
         # Otherwise work with what we hold while _follow_versions fetches the
         # newest (async mode: the broadcast overlaps generation).
         return reply
@@ -390,12 +396,36 @@ class Node:
                 self.backend.use(prepared)
                 self.version = newest
                 self.model_limits = ModelLimits.from_config(loaded.model_config)
+                self.model_shape = model_shape(loaded.model_config)
             event(log, logging.INFO, "loaded weights", version=newest)
+
+    def _free(self) -> int:
+        assert self.backend is not None
+        return free_bytes(self.backend.device, self._max_memory)
+
+    def _fit_job(self) -> None:
+        """Refuse (``Refused``) a job whose model this machine cannot hold,
+        before fetching anything; else fit the backend to it."""
+        assert self.backend is not None and self.record is not None
+        free = self._free()
+        need = fit_backend(self.backend, model_shape(self.record.model_config), free)
+        event(log, logging.INFO, "the job's model fits", backend=self.backend.name, dtype=self.backend.dtype,
+              device=self.backend.device.kind, need=need.describe(), free=gib(free))
+
+    def _prompts_per_call(self, work: WorkAssignment) -> int:
+        """How many of ``work``'s prompts to generate at once within free memory."""
+        assert self.backend is not None and self.model_shape is not None
+        longest = max(len(p.tokens) for p in work.prompts)
+        return prompts_per_call(self.model_shape, self.backend.name, len(work.prompts), work.group_size,
+                                longest, work.max_new_tokens, self._free())
 
     def _prepare(self, config_json: str, weights: bytes) -> Any:
         """Check a version, then build it in the backend; ``Refused`` if either fails."""
         assert self.backend is not None
-        check_version(config_json, weights, available_ram())
+        shape = check_version(config_json, weights)
+        need, free = load_need(shape, self.backend.name, self.backend.dtype), self._free()
+        if need.total > free:
+            raise Refused(f"this version needs about {need.describe()}; {gib(free)} is free")
         try:
             return self.backend.prepare(config_json, weights)
         except (ValueError, RuntimeError, SafetensorError) as exc:  # passed the checks, still does not load
@@ -421,14 +451,14 @@ class Node:
         async with self._backend_lock:
             version = self.version  # the batch declares the version that really generated it
             t0 = time.monotonic()
-            samples = await trio.to_thread.run_sync(
-                self.backend.generate,
-                [p.tokens for p in work.prompts],
-                work.group_size,
-                work.max_new_tokens,
-                work.temperature,
-                work.stop_token_ids,
-            )
+            try:
+                per_call = self._prompts_per_call(work)
+            except Refused:  # memory got short since we took the work: one group at a time
+                per_call = 1
+            samples = await trio.to_thread.run_sync(generate_in_calls, self.backend, work, per_call)
+        seconds = time.monotonic() - t0
+        rate = sum(len(s.tokens) for group in samples for s in group) / max(seconds, 1e-6)
+        self.tokens_per_s = rate if not self.tokens_per_s else 0.7 * self.tokens_per_s + 0.3 * rate
         return self.identity.sign(
             RolloutBatch(
                 job_id=work.job_id,
@@ -437,7 +467,7 @@ class Node:
                 nonce=os.urandom(16),
                 backend=self.backend.name,
                 dtype=self.backend.dtype,
-                generate_ms=int((time.monotonic() - t0) * 1000),
+                generate_ms=int(seconds * 1000),
                 groups=tuple(
                     RolloutGroup(p.prompt_id, tuple(Completion(s.tokens, s.logprobs) for s in group))
                     for p, group in zip(work.prompts, samples)

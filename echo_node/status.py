@@ -37,6 +37,8 @@ def snapshot(node: Node) -> dict[str, Any]:
         "version": node.version,
         "backend": node.backend.name if node.backend else "",
         "dtype": node.backend.dtype if node.backend else "",
+        "device": node.backend.device.name if node.backend else "",
+        "tokens_per_s": round(node.tokens_per_s, 1),
         "reachability": node.reachability.to_json(),
         "relay_reservations": node.swarm.relay.to_json() if node.swarm and node.swarm.relay else [],
         "upnp": node.swarm.upnp.to_json() if node.swarm and node.swarm.upnp else {"state": "off"},
@@ -108,7 +110,8 @@ def describe(data: dict[str, Any]) -> str:
     return (
         f"node       {data['peer']}\n"
         f"job        {data['job_id'] or '-'} (learner {data['learner'] or 'not found yet'})\n"
-        f"weights    version {data['version']} ({data['backend']} {data['dtype']})\n"
+        f"weights    version {data['version']} ({data['backend']} {data['dtype']} on {data['device']}, "
+        f"{data['tokens_per_s']:.0f} tokens/s)\n"
         f"reachable  {status}{answers}{relays}\n"
         f"upnp       {data['upnp']['state']}\n"
         f"swarm      {len(data['neighbours'])} neighbours "

@@ -44,6 +44,8 @@ DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_1")
 VERDICTS = ("accepted", "refused")
 # Whether a node can be dialled from outside (protocol.reachability, AutoNAT).
 REACHABILITY = ("unknown", "public", "private")
+# Where a node generates (echo_node.device).
+DEVICE_KINDS = ("cpu", "cuda", "mps", "vulkan")
 MAX_ADDR = 256  # one multiaddr as text
 MAX_TASK = 256  # a task spec, options included (rg:name:option=value,...)
 

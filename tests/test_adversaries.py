@@ -144,7 +144,7 @@ async def test_dishonest_nodes_are_refused_and_honest_ones_are_not(swarm_factory
             forger = adversaries["forge"]
             reply = await request(
                 forger.swarm.host, forger.learner, work.PROTOCOL,
-                lambda stream: work.ask(stream, WorkRequest(forger.job_id, 4, forger.version, "torch", "f32", "", "unknown")), timeout_s=30,
+                lambda stream: work.ask(stream, WorkRequest(forger.job_id, 4, forger.version, "torch", "f32", "", "unknown", "cpu", 0, 0.0)), timeout_s=30,
             )
             assert isinstance(reply, ErrorReply) and reply.code == "banned"
             nursery.cancel_scope.cancel()

@@ -61,6 +61,14 @@ def test_help_explains(module):
          "torch backend runs f32 only"),
         (["echo_learner", "run", "--model", "/no/such/model.gguf"], "not a Hugging Face model directory"),
         (["echo_node", "join", "--bootstrap", DEAD, "--name", "x" * 33], "at most 32"),
+        (["echo_node", "join", "--bootstrap", DEAD, "--device", "tpu"], "invalid choice"),
+        (["echo_node", "join", "--bootstrap", DEAD, "--threads", "-1"], "outside"),
+        (["echo_node", "join", "--bootstrap", DEAD, "--max-memory", "-2"], "outside"),
+        # This machine has no GPU (CI's neither): asking for one says what to install.
+        (["echo_node", "join", "--bootstrap", DEAD, "--backend", "torch", "--device", "cuda"],
+         "it needs a CUDA build of torch"),
+        (["echo_node", "join", "--bootstrap", DEAD, "--backend", "torch", "--device", "vulkan"],
+         "torch does not run on Vulkan"),
     ],
 )
 def test_bad_arguments_give_one_line(args, message, tmp_path):

@@ -98,6 +98,9 @@ def test_learner_survives_sigkill_and_resumes(swarm_factory, tmp_path):
     node_ids = {load_or_create(swarm.root / f"node{i}" / "identity.key").peer_id_str for i in range(2)}
     peers = json.loads(cli("-m", "echo_learner", "peers", "--data-dir", data_dir, "--json"))
     assert node_ids <= {p["peer"] for p in peers if p["accepted"] > 0}
+    # What each node runs on, as it reports it (this machine has no GPU).
+    for p in peers:
+        assert p["device"] == "cpu" and p["memory_mib"] > 0 and p["tokens_per_s"] > 0, p
     text = cli("-m", "echo_learner", "status", "--data-dir", data_dir)
     assert "utilization" in text and f"bootstrap  {swarm.bootstrap_addr}: answers (" in text
     for path, key in (("/api/history?limit=5", "steps"), ("/api/ledger", "contributors"),

@@ -52,7 +52,7 @@ async def test_a_work_flood_gets_a_newcomers_share_and_honest_nodes_keep_trainin
             try:
                 reply = await request(
                     node.swarm.host, node.learner, work.PROTOCOL,
-                    lambda stream: work.ask(stream, WorkRequest(node.job_id, 4, -1, "torch", "f32", name, "public")), timeout_s=60,
+                    lambda stream: work.ask(stream, WorkRequest(node.job_id, 4, -1, "torch", "f32", name, "public", "cpu", 0, 0.0)), timeout_s=60,
                 )
             except RequestFailed:
                 return  # the learner finished and left
@@ -71,23 +71,31 @@ async def test_a_work_flood_gets_a_newcomers_share_and_honest_nodes_keep_trainin
     async def never_answer(stream) -> None:
         await trio.sleep_forever()
 
-    async with hoarder.joined(), flood.joined():
-        # The flooder's DHT never answers either. The learner puts each
-        # version's manifest to its closest DHT peers; that put held every
-        # training step for 10 s while it waited on such a peer.
-        flood.swarm.host.set_stream_handler(KAD_PROTOCOL, never_answer)
-        async with trio.open_nursery() as nursery:
-            for _ in range(2):
-                nursery.start_soon(ask_forever, hoarder, "hoarder")
-            for _ in range(IN_FLIGHT):
-                nursery.start_soon(ask_forever, flood, "flooder")
-            steps_before = len(swarm.metrics())
-            with trio.fail_after(150):
-                for banned in both_banned.values():
-                    await banned.wait()
-            # Honest nodes kept training meanwhile.
-            steps_during = len(swarm.metrics()) - steps_before
-            nursery.cancel_scope.cancel()
+    try:
+        async with hoarder.joined(), flood.joined():
+            # The flooder's DHT never answers either. The learner puts each
+            # version's manifest to its closest DHT peers; that put held every
+            # training step for 10 s while it waited on such a peer.
+            flood.swarm.host.set_stream_handler(KAD_PROTOCOL, never_answer)
+            async with trio.open_nursery() as nursery:
+                for _ in range(2):
+                    nursery.start_soon(ask_forever, hoarder, "hoarder")
+                for _ in range(IN_FLIGHT):
+                    nursery.start_soon(ask_forever, flood, "flooder")
+                steps_before = len(swarm.metrics())
+                with trio.fail_after(150):
+                    for banned in both_banned.values():
+                        await banned.wait()
+                # Honest nodes kept training meanwhile.
+                steps_during = len(swarm.metrics()) - steps_before
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # py-libp2p's nurseries nest a failure deeper than tracebacks print
+        # groups (10 levels): show the innermost error itself.
+        leaf: BaseException = group
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        raise leaf from group
 
     # Asking 16 at once: refused beyond 2, and struck for it until banned.
     assert "too_many_requests" in codes["flooder"] and codes["flooder"][-1] == "banned", codes["flooder"]

@@ -26,6 +26,11 @@ function el(tag, text, attrs = {}) {
   return node;
 }
 
+// What a node runs on, as it reports it: "cuda, 7.5 GiB free".
+function deviceText(p) {
+  return p.memory_mib ? `${p.device}, ${(p.memory_mib / 1024).toFixed(1)} GiB free` : p.device;
+}
+
 function shortPeer(id) {
   return id.length > 14 ? "…" + id.slice(-12) : id;
 }
@@ -143,7 +148,8 @@ async function refresh() {
   drawRewards(history.steps, history.heldout);
   const names = new Map(peers.peers.map((p) => [p.peer, p.name]));
   rows("peers", peers.peers, (p) => [
-    shortPeer(p.peer), p.name, p.backend, p.dtype, REACH[p.reachability] ?? p.reachability, p.route, p.held_version, p.rollouts_per_s.toFixed(1),
+    shortPeer(p.peer), p.name, p.backend, p.dtype, deviceText(p), p.tokens_per_s.toFixed(0),
+    REACH[p.reachability] ?? p.reachability, p.route, p.held_version, p.rollouts_per_s.toFixed(1),
     p.accepted, p.refused, `${duration(p.last_seen_s)} ago`,
   ]);
   document.getElementById("bootstrap").replaceChildren(...status.bootstrap.map(

@@ -16,6 +16,7 @@ from protocol import framing
 from protocol.framing import ByteStream
 from protocol.messages import (
     BACKENDS,
+    DEVICE_KINDS,
     DTYPES,
     JOB_ID,
     MAX_GROUP,
@@ -34,7 +35,7 @@ from protocol.messages import (
 )
 from protocol.schema import Float, Int, ListOf, Nested, Str, check
 
-PROTOCOL = "/echo-swarm/work/1.3.0"
+PROTOCOL = "/echo-swarm/work/1.4.0"
 
 # Error codes of this protocol (besides the shared unknown_job).
 BANNED = "banned"  # too many strikes: try again after the ban
@@ -56,6 +57,11 @@ class WorkRequest:
     # What the node's AutoNAT check found; the learner shows it on the status
     # page (whether the connection itself is relayed the learner sees itself).
     reachability: str = field(metadata=check(Str(16, REACHABILITY)))
+    # What the node runs on, for the peers list and status page; the
+    # learner sizes work from the throughput it measures itself.
+    device: str = field(metadata=check(Str(16, DEVICE_KINDS)))
+    memory_mib: int = field(metadata=check(Int(0, 2**31)))  # free for generation (0: unknown)
+    tokens_per_s: float = field(metadata=check(Float(0.0, 1e9)))  # its own measure (0: none yet)
 
 
 @dataclass(frozen=True)

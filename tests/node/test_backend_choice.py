@@ -27,3 +27,48 @@ def test_torch_runs_f32_only(tmp_path):
 def test_auto_prefers_llama_when_installed(tmp_path):
     chosen, why = choose("auto", "q8_0", 1, tmp_path)
     assert (chosen.name, chosen.dtype) == ("llama", "q8_0") and "installed" in why
+
+
+# --- --device and --threads -------------------------------------------------------
+
+def test_auto_takes_the_best_device_that_works_here(tmp_path):
+    """On a machine without a GPU (CI) auto runs on the CPU and says why; on
+    one with CUDA torch takes it."""
+    import torch
+
+    chosen, why = choose("torch", "f32", 1, tmp_path, "auto")
+    expected = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    assert chosen.device.kind == expected
+    assert ("no GPU torch can use" in why) == (expected == "cpu"), why
+    assert chosen.device.memory > 0  # free RAM (or VRAM): what memory checks compare against
+
+
+@pytest.mark.parametrize("backend_name", ["torch", "llama"])
+@pytest.mark.parametrize("kind", ["cuda", "mps", "vulkan"])
+def test_asking_for_a_missing_gpu_says_what_to_install(backend_name, kind, tmp_path):
+    from echo_node.device import DeviceUnavailable, choose_device, llama_gpu_kind, torch_gpu_kinds
+
+    if backend_name == "llama" and not llama_installed():
+        pytest.skip("llama.cpp not installed")
+    usable = torch_gpu_kinds() if backend_name == "torch" else [llama_gpu_kind()]
+    if kind in usable:
+        pytest.skip(f"this machine has {kind} for {backend_name}")
+    with pytest.raises(DeviceUnavailable, match="README|Vulkan|offloads to") as refused:
+        choose_device(kind, backend_name)
+    assert f"--device {kind}" in str(refused.value)
+
+
+def test_cpu_threads_default_to_physical_cores_minus_one(tmp_path):
+    import psutil
+
+    from echo_node.device import default_threads
+
+    cores = psutil.cpu_count(logical=False) or 1
+    assert default_threads() == max(1, cores - 1)
+    chosen, why = choose("torch", "f32", 0, tmp_path, "cpu")  # 0: the default
+    assert f"CPU threads: {default_threads()}" in why
+    import torch
+
+    assert torch.get_num_threads() == default_threads()
+    choose("torch", "f32", 3, tmp_path, "cpu")
+    assert torch.get_num_threads() == 3

@@ -42,7 +42,7 @@ def all_messages() -> list:
                 LEARNER.peer_id_str, UNSIGNED)
     )
     return [
-        WorkRequest("reverse-test", 4, -1, "torch", "f32", "node <b>one</b>", "private"),
+        WorkRequest("reverse-test", 4, -1, "torch", "f32", "node <b>one</b>", "private", "cuda", 8192, 1234.5),
         WorkAssignment("reverse-test", 3, 1, (Prompt(1, (257, 97, 98, 99, 61)),), 16, 4, 1.0, (258,), 99),
         NoWork("reverse-test", 3, 0, "all prompts taken"),
         batch(),

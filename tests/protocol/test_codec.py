@@ -26,13 +26,13 @@ def test_round_trip(msg):
 
 
 def test_wrong_kind_is_refused():
-    data = encode(WorkRequest("j", 1, -1, "torch", "f32", "", "public"))
+    data = encode(WorkRequest("j", 1, -1, "torch", "f32", "", "public", "cpu", 0, 0.0))
     with pytest.raises(DecodeError, match="unexpected message kind"):
         decode(data, RolloutBatch)
 
 
 def test_wrong_wire_version_is_refused():
-    body = codec.to_wire(WorkRequest("j", 1, -1, "torch", "f32", "", "public"))
+    body = codec.to_wire(WorkRequest("j", 1, -1, "torch", "f32", "", "public", "cpu", 0, 0.0))
     data = msgpack.packb([2, "WorkRequest", body])
     with pytest.raises(DecodeError, match="wire version"):
         decode(data, WorkRequest)
@@ -46,18 +46,21 @@ def test_wrong_wire_version_is_refused():
         ({"backend": "cuda-magic"}, "not one of"),
         ({"job_id": "x" * 65}, "longer than"),
         ({"name": "x" * 33}, "longer than"),
+        ({"device": "tpu"}, "not one of"),
+        ({"memory_mib": -1}, "outside"),
+        ({"tokens_per_s": float("nan")}, "outside"),
         ({"extra": 1}, "unknown fields"),
     ],
 )
 def test_field_checks(change, match):
-    body = codec.to_wire(WorkRequest("j", 1, -1, "torch", "f32", "", "public"))
+    body = codec.to_wire(WorkRequest("j", 1, -1, "torch", "f32", "", "public", "cpu", 0, 0.0))
     body.update(change)
     with pytest.raises(DecodeError, match=match):
         decode(msgpack.packb([1, "WorkRequest", body]), WorkRequest)
 
 
 def test_missing_field_is_refused():
-    body = codec.to_wire(WorkRequest("j", 1, -1, "torch", "f32", "", "public"))
+    body = codec.to_wire(WorkRequest("j", 1, -1, "torch", "f32", "", "public", "cpu", 0, 0.0))
     del body["dtype"]
     with pytest.raises(DecodeError, match="missing fields"):
         decode(msgpack.packb([1, "WorkRequest", body]), WorkRequest)

@@ -33,7 +33,7 @@ def pair():
 
 async def test_message_round_trip():
     a, b = pair()
-    msg = WorkRequest("job", 4, -1, "torch", "f32", "", "unknown")
+    msg = WorkRequest("job", 4, -1, "torch", "f32", "", "unknown", "cpu", 0, 0.0)
     await framing.send(a, msg)
     assert await framing.receive(b, WorkRequest) == msg
 
