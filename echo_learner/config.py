@@ -56,6 +56,10 @@ class LearnerConfig(ConnectionSettings):
     group_size: int = setting(16, "completions per prompt (GRPO group)", lo=2, hi=64)
     prompts_per_step: int = setting(16, "prompts (groups) per training step", lo=1, hi=256)
     prompts_per_request: int = setting(4, "most prompts handed to a node at once", lo=1, hi=256)
+    size_work: bool = setting(
+        True, "hand each node as many prompts (up to --prompts-per-request) as it finishes in half the "
+        "assignment deadline at its measured throughput; off: every request gets --prompts-per-request"
+    )
     newcomer_share: float = setting(
         0.25, "share of the prompt pool that peers with no accepted batch yet hold between them "
         "while proven peers ask for work (echo_learner/fairness.py)", lo=0.0, hi=1.0,

@@ -149,6 +149,7 @@ class Ingest:
                 wanted = min(req.max_prompts, self._sized_for(peer), self._room_for(peer))
                 taken = self.pool.take(peer, wanted, version) if wanted else []
                 if taken:
+                    self.peers.seen(peer).assigned += len(taken)
                     return self._assignment(version, taken)
                 if self._provisional(peer):
                     # A newcomer looks again only every newcomer_retry_s: a
@@ -180,8 +181,13 @@ class Ingest:
         """Prompts ``peer`` finishes well inside the deadline (echo_learner.sizing)."""
         stats = self.peers.peers.get(peer)
         cfg = self.config
-        return prompts_for(stats.rate if stats else 0.0, cfg.assignment_timeout_s, cfg.group_size,
-                           cfg.prompts_per_request)
+        if not cfg.size_work:
+            return cfg.prompts_per_request
+        working = self.peers.active(cfg.assignment_timeout_s)
+        return prompts_for(
+            stats.rate if stats else 0.0, cfg.assignment_timeout_s, cfg.group_size, cfg.prompts_per_request,
+            held=self.pool.held()[peer], swarm_rate=sum(s.rate for s in working), pool=self.pool.capacity,
+        )
 
     def _room_for(self, peer: str) -> int:
         """How many more prompts ``peer`` may hold now (echo_learner.fairness)."""

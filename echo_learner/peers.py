@@ -35,6 +35,7 @@ class PeerStats:
     memory_mib: int = 0
     tokens_per_s: float = 0.0
     held_version: int = -1
+    assigned: int = 0  # prompts handed to it
     accepted: int = 0  # batches
     refused: int = 0
     rollouts: int = 0  # accepted
@@ -62,6 +63,7 @@ class PeerStats:
             "held_version": self.held_version,
             "reachability": self.reachability,
             "route": self.route,
+            "assigned": self.assigned,
             "accepted": self.accepted,
             "refused": self.refused,
             "rollouts": self.rollouts,

@@ -75,6 +75,7 @@ class PromptPool:
         self.open = False  # the learner opens it once a version is out
         self.min_version = 0  # assignments made before this version are useless
         self._changed = trio.Event()
+        self.expired = 0  # prompts that expired unanswered, ever
         # Told of each peer whose prompt expired unanswered (the learner strikes it).
         self.on_lapsed: Callable[[str], None] | None = None
         # Peers whose prompts do not count against capacity: untried ones,
@@ -138,15 +139,28 @@ class PromptPool:
             a.peer, a.version, a.handed_at, a.lapse_charged = peer, version, now, False
             a.deadline = now + self.assignment_timeout_s
             a.holders.append(peer)
-        while len(self.assignments) > self.memory:
-            self.assignments.popitem(last=False)
+        self._forget(now)
         return taken
+
+    def _forget(self, now: float) -> None:
+        """Keep at most ``memory`` assignments: answered and expired ones go
+        first, oldest first. A live one forgotten could never lapse (a peer
+        that never answers would never be struck) nor be verified."""
+        excess = len(self.assignments) - self.memory
+        if excess <= 0:
+            return
+        done = [pid for pid, a in self.assignments.items() if a.answered or a.deadline < now][:excess]
+        for pid in done:
+            del self.assignments[pid]
+        while len(self.assignments) > self.memory:  # all live: the bound still holds
+            self.assignments.popitem(last=False)
 
     def _charge_lapses(self, now: float) -> None:
         lapsed = set()
         for a in self.assignments.values():
             if not a.answered and not a.lapse_charged and a.deadline < now:
                 a.lapse_charged = True
+                self.expired += 1
                 lapsed.add(a.peer)
         if self.on_lapsed is not None:
             for peer in lapsed:

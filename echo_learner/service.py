@@ -464,6 +464,7 @@ class Learner:
             "rollouts_accepted": c.rollouts_accepted,
             "batches_accepted": c.batches_accepted,
             "batches_refused": c.batches_refused,
+            "prompts_expired": self.pool.expired,
             "refusals": self.ledger.refusal_counts(),
             "contributors": len(self.ingest.contributors),
             "peers": len(self.peers.active(within_s=cfg.capacity_window_s)),

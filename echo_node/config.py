@@ -90,6 +90,10 @@ class NodeConfig(ConnectionSettings):
     reachability_every_s: float = setting(
         300.0, "how often to re-check whether peers can dial this node (AutoNAT)", lo=5
     )
+    emulate_tokens_per_s: float = setting(
+        0.0, "testing aid: generate no faster than this many tokens/s (emulates a slower machine; "
+        "0: off)", lo=0,
+    )
     emulate_delay_ms: float = setting(
         0.0, "testing aid: wait this long before each work request and rollout submission "
         "(emulates a wide-area link)", lo=0, hi=10_000,

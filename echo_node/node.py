@@ -1,7 +1,8 @@
 """The volunteer node: find a job, keep the current weights, roll out, submit.
 
 ``run`` reads top to bottom: join the swarm, find a learner through the DHT,
-then run three stages as a pipeline, so the backend never waits on the
+check that its model fits this machine, fetch the current weights, then run
+three stages as a pipeline, so the backend never waits on the
 network: ask for work (if the version we hold is older than the assignment
 allows, fetch the one it names; else keep working and fetch it in the
 background) -> generate (in a worker thread) and sign -> deliver the batch and
@@ -330,6 +331,10 @@ class Node:
         None when it has no work now (after waiting as long as it asked)."""
         assert self.swarm is not None and self.learner is not None and self.backend is not None
         host, cfg = self.swarm.host, self.config
+        if self.version < 0:
+            # Weights before work: an assignment taken first would wait out
+            # the whole download (minutes for a big model) and could expire.
+            await self.update_weights(0)
         await self._delay()
         ask = WorkRequest(
             self.job_id, cfg.max_prompts, self.version, self.backend.name, self.backend.dtype, cfg.name,
@@ -456,8 +461,11 @@ class Node:
             except Refused:  # memory got short since we took the work: one group at a time
                 per_call = 1
             samples = await trio.to_thread.run_sync(generate_in_calls, self.backend, work, per_call)
+            tokens = sum(len(s.tokens) for group in samples for s in group)
+            if self.config.emulate_tokens_per_s:  # a slower machine, for benchmarks
+                await trio.sleep(max(0.0, t0 + tokens / self.config.emulate_tokens_per_s - time.monotonic()))
         seconds = time.monotonic() - t0
-        rate = sum(len(s.tokens) for group in samples for s in group) / max(seconds, 1e-6)
+        rate = tokens / max(seconds, 1e-6)
         self.tokens_per_s = rate if not self.tokens_per_s else 0.7 * self.tokens_per_s + 0.3 * rate
         return self.identity.sign(
             RolloutBatch(

@@ -107,7 +107,8 @@ async def test_a_work_flood_gets_a_newcomers_share_and_honest_nodes_keep_trainin
     most = max(live_at(t, v) for t, _, v, _ in received)
     assert most <= 4, received
     # Prompts it left to expire are strikes: it ends up banned.
-    assert codes["hoarder"] == ["banned"], codes["hoarder"]
+    # (Both of its waiting requests may hear it.)
+    assert codes["hoarder"] and set(codes["hoarder"]) == {"banned"}, codes["hoarder"]
     assert steps_during >= MIN_STEPS_DURING, steps_during
     assert learner.poll() is None
     exits = await trio.to_thread.run_sync(swarm.stop_all)

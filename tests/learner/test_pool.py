@@ -37,3 +37,22 @@ async def test_an_expired_prompt_goes_to_a_proven_peer_not_to_a_newcomer(autojum
     await trio.sleep(61)  # past the assignment timeout (a mock clock: no real wait)
     assert not lapsed & {a.prompt_id for a in p.take("newcomer", 2, version=0)}
     assert {a.prompt_id for a in p.take("honest", 2, version=0)} == lapsed
+
+
+async def test_a_prompt_left_unanswered_lapses_however_many_pass_meanwhile(autojump_clock):
+    """Fast steps hand out far more prompts than the pool remembers before a
+    hoarder's deadline: its prompt must still be there to lapse (a strike)."""
+    p = PromptPool(lambda: (TaskPrompt("abc", "cba"), (1, 2, 3)), capacity=4, assignment_timeout_s=5, memory=20)
+    p.set_open(True)
+    lapsed: list[str] = []
+    p.on_lapsed = lapsed.append
+    p.take("hoarder", 1, version=0)
+    for _ in range(50):  # 200 prompts handed out and answered within the deadline
+        for a in p.take("honest", 4, version=0):
+            p.answer(a, None)
+        p.buffer.clear()
+        await trio.sleep(0.01)
+    assert len(p.assignments) <= 20
+    await trio.sleep(5)
+    p.take("honest", 1, version=0)
+    assert lapsed == ["hoarder"]
