@@ -41,7 +41,7 @@ def save(path: Path, state: dict[str, Any]) -> None:
 
 def load(path: Path) -> dict[str, Any]:
     try:
-        state = torch.load(path, weights_only=True)
+        state = torch.load(path, weights_only=True, map_location="cpu")
     except FileNotFoundError:
         raise CheckpointError(f"no checkpoint at {path}") from None
     except Exception as exc:  # torch raises several types for bad files

@@ -124,6 +124,8 @@ def build_parser() -> Parser:
     evaluate.add_argument("--system-prompt", default="", help="system prompt (default: the run's)")
     evaluate.add_argument("--batch", type=int, default=16, help="sequences generated at once (default: 16)")
     evaluate.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    evaluate.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "mps"),
+                          help="where to generate: auto (a CUDA GPU if torch sees one, else the CPU), cpu, cuda, mps")
     evaluate.add_argument(
         "--temperature", type=float, default=0.0, help="temperature of the pass@1 samples (default: the run's)"
     )
@@ -164,6 +166,7 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
     logs.setup(verbose)
 
     from echo_learner.checkpoint import CheckpointError
+    from echo_learner.device import DeviceUnavailable
     from echo_learner.model import ModelError, locate
     from echo_learner.service import Learner, StartError, check_data_dir
     from echo_learner.tasks.base import TaskError
@@ -189,7 +192,7 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
         print(f"loading model {config.model}", flush=True)
     try:
         learner = Learner(config, identity, task)
-    except (ModelError, TaskError) as exc:
+    except (ModelError, TaskError, DeviceUnavailable) as exc:
         fail(PROG, str(exc))
     if new_identity:
         save(identity, config.identity_path)

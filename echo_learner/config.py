@@ -114,6 +114,10 @@ class LearnerConfig(ConnectionSettings):
         10.0, "seconds between pings to each bootstrap peer (shown on the status page)", lo=0.1
     )
     torch_threads: int = setting(1, "torch CPU threads for training", lo=1)
+    device: str = setting(
+        "auto", "where to train and recompute log-probs: auto (a CUDA GPU if torch sees one, else the CPU), "
+        "cpu, cuda or mps", choices=("auto", "cpu", "cuda", "mps"),
+    )
     logit_memory_mib: int = setting(
         1024, "most memory one forward pass may spend on logits: training and verification split batches "
         "of long answers into parts that fit", lo=16

@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
 
+from echo_learner.device import of as device_of
 from echo_learner.model import render_prompt, stop_ids
 from echo_learner.tasks.base import Task, TaskError
 
@@ -40,7 +41,7 @@ class _UntilSet(StoppingCriteria):
         self.event = event
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
-        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool)
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,9 @@ def complete(
         sampling = (
             {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
         )
+        where = device_of(model)
         out = model.generate(
-            input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
+            input_ids=input_ids.to(where), attention_mask=attention.to(where), max_new_tokens=max_new_tokens,
             eos_token_id=sorted(stops), pad_token_id=pad, stopping_criteria=StoppingCriteriaList([_UntilSet(stop)]),
             **sampling,
         )
@@ -159,6 +161,7 @@ def command(args: argparse.Namespace, prog: str) -> None:
     """``echo-learner eval``: the run's settings (its config.json) unless flags
     say otherwise; the newest checkpoint unless ``--base``."""
     from echo_learner import checkpoint
+    from echo_learner.device import DeviceUnavailable, choose
     from echo_learner.model import ModelError, describe, load_model
     from echo_learner.tasks.registry import load_task
     from protocol.config import fail
@@ -169,17 +172,21 @@ def command(args: argparse.Namespace, prog: str) -> None:
     saved = json.loads(saved_path.read_text()) if saved_path.exists() else {}
     source = args.model if args.model is not None else saved.get("model", "")
     try:
+        device, _why = choose(args.device)
         task = load_task(args.task or saved.get("task", "reverse"))
         state = None if args.base else checkpoint.load(args.data_dir / "checkpoint.pt")
         if state is not None and state.get("model_source", "") != source:
             trained = state.get("model_source") or "(built-in)"
             raise ModelError(f"the checkpoint trains --model {trained!r}, not {source or '(built-in)'!r}")
         model, tokenizer = load_model(source, saved.get("seed", 0))
+    except DeviceUnavailable as exc:
+        fail(prog, str(exc))
     except (TaskError, ModelError, checkpoint.CheckpointError) as exc:
         hint = "" if args.base else " (--base evaluates the model a run starts from)"
         fail(prog, f"{exc}{hint}")
     if state is not None:
         model.load_state_dict(state["model"])
+    model.to(device)
     result = evaluate(
         model, tokenizer, task, n=args.n, k=args.k, batch=args.batch, seed=args.seed,
         max_new_tokens=args.max_new_tokens or saved.get("max_new_tokens") or task.max_new_tokens,

@@ -23,9 +23,9 @@ from echo_learner import fairness
 from echo_learner.capacity import CapacityMeter
 from echo_learner.config import LearnerConfig
 from echo_learner.ledger import CREDIT_PER_TOKEN, Ledger, Row
-from echo_learner.peers import PeerBook
+from echo_learner.peers import PeerBook, PeerStats
 from echo_learner.pool import Assignment, PromptPool, Rollouts
-from echo_learner.sizing import prompts_for
+from echo_learner.sizing import Worker, prompts_for
 from echo_learner.tasks.base import Task
 from echo_learner.trainer import ScoredGroup
 from echo_learner.verify import ACCEPTED, Limits, Policies, Window, verify_batch
@@ -178,15 +178,26 @@ class Ingest:
         return self.peers.any_proven_active(self.config.assignment_timeout_s)
 
     def _sized_for(self, peer: str) -> int:
-        """Prompts ``peer`` finishes well inside the deadline (echo_learner.sizing)."""
-        stats = self.peers.peers.get(peer)
+        """Prompts ``peer`` finishes by the end of the round and well inside
+        the deadline (echo_learner.sizing)."""
         cfg = self.config
         if not cfg.size_work:
             return cfg.prompts_per_request
-        working = self.peers.active(cfg.assignment_timeout_s)
+        stats = self.peers.peers.get(peer)
+        held, since, now = self.pool.held(), self.pool.held_since(), trio.current_time()
+
+        def worker(s: PeerStats) -> Worker:
+            """``s``'s node as the round's model sees it: busy with what it
+            holds from the later of its oldest prompt and its latest answer."""
+            rate = s.rate / cfg.group_size
+            busy_s = max(0.0, max(since.get(s.peer, now), s.answered_at) + held[s.peer] / rate - now)
+            return Worker(rate, busy_s)
+
+        swarm = {s.peer: worker(s) for s in self.peers.active(cfg.assignment_timeout_s) if s.rate > 0}
         return prompts_for(
             stats.rate if stats else 0.0, cfg.assignment_timeout_s, cfg.group_size, cfg.prompts_per_request,
-            held=self.pool.held()[peer], swarm_rate=sum(s.rate for s in working), pool=self.pool.capacity,
+            held=held[peer], busy_s=swarm[peer].busy_s if peer in swarm else 0.0, swarm=list(swarm.values()),
+            unassigned=self.pool.unassigned(), handed_this_round=self.pool.handed(peer),
         )
 
     def _room_for(self, peer: str) -> int:
@@ -272,8 +283,13 @@ class Ingest:
         )
         cycle_s = None
         if accepted:
-            handed_at = min(a.handed_at for a in assignments if a is not None)
-            cycle_s = trio.current_time() - handed_at
+            # The node worked on this batch since it was handed out, or since
+            # its previous batch came in if it took this one early (nodes
+            # fetch their next assignment while generating): then the trip
+            # to us overlaps the next generation and costs it nothing.
+            now, stats = trio.current_time(), self.peers.seen(sender)
+            busy_since = max(min(a.handed_at for a in assignments if a is not None), stats.answered_at)
+            stats.answered_at, cycle_s = now, now - busy_since
             for a, group in zip(assignments, batch.groups):
                 assert a is not None
                 self.pool.answer(a, Rollouts(batch.version, sender, self._score(a, group)))

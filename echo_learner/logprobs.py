@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from echo_learner.device import of as device_of
+
 # What one logit costs in memory at its peak, in float32 copies of the
 # logits: verification holds the logits, their log-softmax and three
 # intermediates of the entropy statistics; training the logits, their
@@ -66,18 +68,22 @@ def completion_logprobs(
         input_ids[i, : len(s)] = torch.tensor(s)
         attention[i, : len(s)] = 1
         mask[i, len(p) - 1 : len(p) - 1 + len(c)] = 1
+    where = device_of(model)
+    input_ids, attention, mask = input_ids.to(where), attention.to(where), mask.to(where)
     logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
     logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
     taken = logprobs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     return taken, mask
 
 
-def spread(values: Sequence[Sequence[float]], prompts: Sequence[Sequence[int]], width: int) -> torch.Tensor:
+def spread(
+    values: Sequence[Sequence[float]], prompts: Sequence[Sequence[int]], width: int, device: torch.device | None = None,
+) -> torch.Tensor:
     """Per-completion-token values laid out like ``completion_logprobs``'s output."""
     out = torch.zeros((len(values), width))
     for i, (v, p) in enumerate(zip(values, prompts)):
         out[i, len(p) - 1 : len(p) - 1 + len(v)] = torch.tensor(v, dtype=torch.float32)
-    return out
+    return out.to(device) if device is not None else out
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,8 @@ def grouped_token_stats(
     for g, p in enumerate(prompts):
         ids[g, width_p - len(p) :] = torch.tensor(list(p))
         seen[g, width_p - len(p) :] = 1
+    where = device_of(model)
+    ids, seen = ids.to(where), seen.to(where)
     positions = (seen.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=seen, position_ids=positions, use_cache=True, logits_to_keep=1)
     first = torch.log_softmax(out.logits[:, -1].float() / temperature, dim=-1)  # predicts each completion's token 0
@@ -160,15 +168,16 @@ def grouped_token_stats(
         for i, (_, c) in enumerate(chunk):
             tokens[i, : len(c)] = torch.tensor(list(c))
             present[i, : len(c)] = 1
-        owner = torch.tensor([g for g, _ in chunk])
+        tokens, present = tokens.to(where), present.to(where)
+        owner = torch.tensor([g for g, _ in chunk], device=where)
         cache = copy.deepcopy(out.past_key_values)
         cache.batch_select_indices(owner)  # every row gets its own prompt's cache
         # Position j of a completion predicts its token j + 1; right padding
         # comes after every real token, so causal attention never sees it.
         attention = torch.cat([seen[owner], present[:, :-1]], dim=1)
-        steps = torch.arange(width - 1)[None, :] + torch.tensor([len(prompts[g]) for g, _ in chunk])[:, None]
+        steps = (torch.arange(width - 1)[None, :] + torch.tensor([len(prompts[g]) for g, _ in chunk])[:, None]).to(where)
         logits = model(
-            input_ids=tokens[:, :-1], attention_mask=attention, position_ids=steps, past_key_values=cache
+            input_ids=tokens[:, :-1], attention_mask=attention, position_ids=steps, cache=cache
         ).logits
         lp = torch.log_softmax(logits.float() / temperature, dim=-1)
         del logits
@@ -179,7 +188,7 @@ def grouped_token_stats(
                 torch.cat([head, tail[i - part.start, : len(c) - 1]])
                 for head, tail in zip(result[i], (rest, rest_h, rest_v))
             )
-    stats = [TokenStats(*r) for r in result]
+    stats = [TokenStats(*(t.cpu() for t in r)) for r in result]
     out_groups, i = [], 0
     for size in sizes:
         out_groups.append(stats[i : i + size])

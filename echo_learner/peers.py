@@ -41,11 +41,13 @@ class PeerStats:
     rollouts: int = 0  # accepted
     tokens: int = 0  # accepted
     # Throughput while working: rollouts per (generation time the node reports
-    # + the smallest recent assignment -> verdict overhead beyond it). Cycles
-    # that include fetching a new version are thereby left out: that wait is
-    # the broadcast's, which the capacity model counts separately.
+    # + the smallest recent overhead beyond it, from the later of assignment
+    # and previous batch to verdict). Cycles that include fetching a new
+    # version are thereby left out: that wait is the broadcast's, which the
+    # capacity model counts separately.
     rate: float = 0.0
     cycle_s: float = 0.0
+    answered_at: float = 0.0  # trio clock of its latest accepted batch
     overheads: deque[float] = field(default_factory=lambda: deque(maxlen=16))
     last_reason: str = ""
     strikes: deque[float] = field(default_factory=deque)

@@ -93,6 +93,24 @@ class PromptPool:
         now = trio.current_time()
         return sum(self._live(a, now) for a in self.assignments.values())
 
+    def handed(self, peer: str) -> int:
+        """Prompts of this round (made for ``min_version`` or newer) ever handed to ``peer``."""
+        return sum(1 for a in self.assignments.values() if a.version >= self.min_version and peer in a.holders)
+
+    def held_since(self) -> dict[str, float]:
+        """When each peer was handed the oldest live prompt it holds (trio clock)."""
+        now, since = trio.current_time(), {}
+        for a in self.assignments.values():
+            if self._live(a, now):
+                since[a.peer] = min(since.get(a.peer, a.handed_at), a.handed_at)
+        return since
+
+    def unassigned(self) -> int:
+        """Prompts the pool would still hand to peers that count against
+        its capacity (sync: of this step; async: of what the buffer has room for)."""
+        counted = sum(n for holder, n in self.held().items() if not self.provisional(holder))
+        return max(0, self.capacity - len(self.buffer) - counted)
+
     def next_expiry(self) -> float:
         """When the next live prompt expires (trio clock; ``inf``: none is live)."""
         now = trio.current_time()
@@ -117,8 +135,7 @@ class PromptPool:
         if provisional:
             room = max_prompts  # extra to the pool; the caller bounds what such peers hold
         else:
-            counted = sum(n for holder, n in self.held().items() if not self.provisional(holder))
-            room = min(max_prompts, self.capacity - len(self.buffer) - counted)
+            room = min(max_prompts, self.unassigned())
         taken: list[Assignment] = []
         # Expired, still useful prompts first: a slow node must not starve a
         # step. Never back to a peer that already let it lapse, nor to an

@@ -28,6 +28,7 @@ from echo_learner import checkpoint
 from echo_learner.bootstrap_probe import BootstrapProbe
 from echo_learner.capacity import CapacityMeter, forecast
 from echo_learner.config import LearnerConfig
+from echo_learner.device import choose as choose_device
 from echo_learner.heldout import HeldoutMonitor
 from echo_learner.ingest import Ingest, now_ms
 from echo_learner.job_bounds import check_answers_fit, check_prompts_fit
@@ -88,7 +89,10 @@ class Learner:
         self.rng = random.Random(config.seed)
         torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
-        self.model, self.tokenizer = load_model(config.model, config.seed)
+        self.device, why_device = choose_device(config.device)  # DeviceUnavailable before anything is written
+        model, self.tokenizer = load_model(config.model, config.seed)
+        self.model = model.to(self.device)
+        event(log, logging.INFO, "training on", device=str(self.device), why=why_device)
         self.max_new_tokens = config.max_new_tokens or self.task.max_new_tokens
         if not config.assignment_timeout_s:
             config = dataclasses.replace(config, assignment_timeout_s=30 + 0.5 * self.max_new_tokens)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from safetensors.torch import save
 
+from echo_learner.device import of as device_of
 from echo_learner.grpo import clipped_surrogate_loss, group_advantages, kl_penalty
 from echo_learner.logprobs import TRAIN_BYTES_PER_LOGIT, completion_logprobs, row_slices, spread
 
@@ -82,8 +83,9 @@ class Trainer:
         sizes = {len(g.rewards) for g in groups}
         if len(sizes) != 1:
             raise ValueError(f"groups of different sizes in one step: {sorted(sizes)}")
+        where = device_of(self.model)
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
-        advantages = group_advantages(rewards).flatten()
+        advantages = group_advantages(rewards).flatten().to(where)
         if not advantages.any():
             # Every group scored all its completions alike: nothing to learn.
             # An AdamW step on zero gradients would still move the weights and
@@ -110,7 +112,7 @@ class Trainer:
                 self.model, prompts[part], completions[part], self.pad_id, self.temperature
             )
             share = float(mask.sum()) / tokens
-            old = spread(behaviour[part], prompts[part], logprobs.shape[1])
+            old = spread(behaviour[part], prompts[part], logprobs.shape[1], where)
             loss = clipped_surrogate_loss(logprobs, old, advantages[part], mask, obj.clip_eps, obj.ratio_cap)
             kl = torch.zeros(())
             if self.reference is not None:

@@ -4,7 +4,7 @@ The checks run in a fixed order, cheapest and most telling first, and the
 first failure is the receipt's reason (``verify_batch`` runs them all):
 
     size and schema (the codec, before this module) -> sender not banned
-    -> signature -> job id -> a backend and dtype we support -> prompts
+    -> signature -> job id -> a backend, dtype and device we support -> prompts
     assigned to this node -> policy version
     inside the staleness window -> nonce not seen before -> token ids and
     lengths, nothing after a stop token -> assignment still this node's and
@@ -28,6 +28,7 @@ import trio
 
 from echo_learner.logprobs import grouped_token_stats
 from echo_learner.pool import PromptPool
+from echo_learner.tolerance import Tolerance, tolerance
 from protocol.errors import SignatureError
 from protocol.identity import verify
 from protocol.logs import event
@@ -62,39 +63,6 @@ STRIKES = frozenset(
 
 
 
-@dataclass(frozen=True)
-class Tolerance:
-    """How far a node's log-probs may be from the learner's recompute: on any
-    one token (``worst``) and on average over the batch (``mean``)."""
-
-    worst: float
-    mean: float
-
-
-# By the dtype the node declares, from llama.cpp against the learner's f32
-# recompute (tests/node/test_llama_backend.py, bench/inference.py):
-#                      f32 worst / mean    f16 worst / mean    q8_0 worst / mean
-#   built-in, trained  1e-5 / 3e-7         3e-3 / 1e-4         0.11 / 3e-3
-#   built-in, x3       2e-5 / 2e-6         3e-2 / 3e-3         0.56-1.15 / 7e-2
-#   SmolLM2-135M       2e-5 / 8e-6         2e-2 / 3e-3         0.88 / 0.10
-# (x3: every weight tripled, the hardest case we found). torch f32 sampling is
-# within 8e-6 (tests/learner/test_logprob_check.py). Rounding errors are
-# heavy-tailed and grow with depth, hence two bounds: the mean catches a forger
-# who shifts many log-probs a little; one who shifts a few by less than
-# ``worst`` moves their importance weights by at most exp(worst), which the PPO
-# clip then bounds.
-TOLERANCE = {
-    "f32": Tolerance(worst=5e-3, mean=5e-4),
-    "f16": Tolerance(worst=0.1, mean=1e-2),
-    "q8_0": Tolerance(worst=3.0, mean=0.3),
-}
-# What our backends run. The tolerance is not the node's to choose freely: a
-# batch declaring another pair (e.g. llama q4_1, which no backend of ours
-# produces, for its looser tolerance; or torch f16, which the torch backend
-# never runs) is refused.
-SUPPORTED = frozenset({("torch", "f32"), ("llama", "f32"), ("llama", "f16"), ("llama", "q8_0")})
-
-
 # Whether the sampled tokens are what sampling at the job's temperature from the claimed
 # version gives (after GRAIL's token-plausibility check). For each token, its
 # surprise under the learner's recompute, -log p(token), minus the entropy of
@@ -103,9 +71,7 @@ SUPPORTED = frozenset({("torch", "f32"), ("llama", "f32"), ("llama", "f16"), ("l
 # normal for an honest node whatever its log-prob tolerance. Tokens picked by
 # hand, sampled from another model, or greedily drift far from 0 (a forger can
 # always report the exact log-probs of tokens it chose: the tolerance alone
-# cannot catch that). Limits by dtype, from honest rollouts
-# (bench/plausibility.py, >= 10,000 per backend and dtype):
-PLAUSIBLE_Z = {"f32": 8.0, "f16": 8.0, "q8_0": 10.0}
+# cannot catch that). The limits (``Tolerance.z``) are in echo_learner/tolerance.py.
 
 
 @dataclass(frozen=True)
@@ -189,9 +155,12 @@ async def verify_batch(
     finally:
         in_flight.discard(key)
     on_recomputed(time.monotonic() - started)
-    reason = check_logprobs(error, batch.dtype)
+    allowed = tolerance(batch.backend, batch.dtype, batch.device)
+    assert allowed is not None, "check_batch refuses unsupported combinations"
+    reason = check_logprobs(error, allowed)
     if reason is not None:
-        event(log, logging.INFO, "log-prob check failed", peer=sender, reason=reason, dtype=batch.dtype,
+        event(log, logging.INFO, "log-prob check failed", peer=sender, reason=reason, backend=batch.backend,
+              dtype=batch.dtype, device=batch.device,
               worst=f"{error.worst:.3g}", mean=f"{error.mean:.3g}", surprise_z=f"{error.surprise_z:.2f}")
         return reason
     return recheck(batch, sender, pool, window())
@@ -216,7 +185,7 @@ def check_batch(
         return BAD_SIGNATURE
     if batch.job_id != limits.job_id:
         return WRONG_JOB
-    if (batch.backend, batch.dtype) not in SUPPORTED:
+    if tolerance(batch.backend, batch.dtype, batch.device) is None:
         return UNSUPPORTED
     prompt_ids = [g.prompt_id for g in batch.groups]
     assignments = [pool.lookup(pid) for pid in prompt_ids]
@@ -293,11 +262,12 @@ def logprob_error(
     return LogprobError(worst=float(diff.max()), mean=float(diff.mean()), surprise_z=z)
 
 
-def check_logprobs(error: LogprobError, dtype: str) -> str | None:
-    allowed = TOLERANCE[dtype]
+def check_logprobs(error: LogprobError, allowed: Tolerance) -> str | None:
+    """The reason to refuse a batch whose log-probs are ``error`` away from
+    the recompute under the bounds ``allowed`` for its backend, dtype and device."""
     if error.worst > allowed.worst or error.mean > allowed.mean:
         return BAD_LOGPROBS
-    if abs(error.surprise_z) > PLAUSIBLE_Z[dtype]:
+    if abs(error.surprise_z) > allowed.z:
         return IMPLAUSIBLE
     return None
 

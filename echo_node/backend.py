@@ -96,8 +96,8 @@ def choose(name: str, dtype: str, threads: int, work_dir: Path, device: str = "a
         why = "asked for with --backend"
     if name == "llama" and not llama_installed():
         raise BackendUnavailable(INSTALL_LLAMA)
-    if name == "torch" and dtype not in ("f32", "auto"):
-        raise BackendUnavailable(f"the torch backend runs f32 only, not {dtype} (use --backend llama)")
+    if name == "torch" and dtype not in ("auto", "f32", "bf16", "f16"):
+        raise BackendUnavailable(f"the torch backend runs f32, bf16 or f16, not {dtype} (use --backend llama)")
     try:
         where, why_device = choose_device(device, name)
     except DeviceUnavailable as exc:
@@ -110,4 +110,4 @@ def choose(name: str, dtype: str, threads: int, work_dir: Path, device: str = "a
         return LlamaBackend(dtype, threads, work_dir, where), why
     from echo_node.backend_torch import TorchBackend
 
-    return TorchBackend(threads, where), why
+    return TorchBackend(threads, where, dtype), why

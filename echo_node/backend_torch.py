@@ -12,16 +12,30 @@ from echo_node.backend import Sample
 from echo_node.device import Device, cpu
 
 
+TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def auto_dtype(device: Device) -> str:
+    """f32 on the CPU (half-precision matmuls are slower there, not faster);
+    on a GPU bf16 where it has it (less exact than f16, but it never
+    overflows), else f16."""
+    if device.kind == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "f16"
+    return "f16" if device.kind == "mps" else "f32"
+
+
 class TorchBackend:
     name = "torch"
-    # f32 on every device: the learner's log-prob tolerance for torch is
-    # calibrated on f32 (bf16/f16 on GPUs need their own, measured on one).
-    dtype = "f32"
-    auto_dtype = False
+    auto_dtype = False  # the dtype follows the device (auto_dtype()), not free memory
 
-    def __init__(self, threads: int, device: Device | None = None):
+    def __init__(self, threads: int, device: Device | None = None, dtype: str = "auto"):
         torch.set_num_threads(threads)
         self.device = device or cpu()
+        # The learner knows each (backend, dtype, device)'s rounding and
+        # allows for it (echo_learner/tolerance.py); the log-probs nodes
+        # report come from the logits in this dtype.
+        self.dtype = auto_dtype(self.device) if dtype == "auto" else dtype
+        self._torch_dtype = TORCH_DTYPES[self.dtype]
         self._torch_device = torch.device(self.device.kind)
         if self.device.kind == "cuda":
             # TF32 matmuls would put log-probs ~1e-3 away from the learner's f32.
@@ -38,7 +52,7 @@ class TorchBackend:
         config = LlamaConfig.from_dict(json.loads(config_json))
         model = self._spare
         if model is None or model.config.to_dict() != config.to_dict():
-            model = LlamaForCausalLM(config).float().eval().to(self._torch_device)
+            model = LlamaForCausalLM(config).to(self._torch_device, self._torch_dtype).eval()
         state = load(weights)
         missing, unexpected = model.load_state_dict(state, strict=False)
         tied = getattr(model.config, "tie_word_embeddings", False)

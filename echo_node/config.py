@@ -27,9 +27,9 @@ class NodeConfig(ConnectionSettings):
         choices=("auto", "torch", "llama"),
     )
     dtype: str = setting(
-        "auto", "llama.cpp weight precision: f16 and q8_0 are 2x and 4x smaller, a little "
-        "less exact (the learner allows for it); auto: the most exact that fits in memory; "
-        "torch runs f32", choices=("auto", "f32", "f16", "q8_0"),
+        "auto", "weight precision. llama.cpp: f32, f16 or q8_0 (2x and 4x smaller, a little less "
+        "exact: the learner allows for it); auto: the most exact that fits in memory. torch: f32, bf16 "
+        "or f16; auto: f32 on the CPU, bf16 (else f16) on a GPU", choices=("auto", "f32", "bf16", "f16", "q8_0"),
     )
     device: str = setting(
         "auto", "where to generate: auto (the best that works: a GPU the backend can use, else the "
@@ -39,7 +39,10 @@ class NodeConfig(ConnectionSettings):
         0.0, "most memory in GiB this node may use (RAM, or GPU memory on a GPU); 0: what is free, "
         "less 0.5 GiB left for other programs. Work that would not fit is run smaller or refused", lo=0,
     )
-    max_prompts: int = setting(4, "most prompts to take per work request", lo=1, hi=256)
+    max_prompts: int = setting(
+        64, "most prompts to take per work request (the learner sizes each one to this node's speed, up to its "
+        "--prompts-per-request)", lo=1, hi=256,
+    )
     max_upload_mbit: float = setting(
         0.0, "upload bandwidth cap in Mbit/s for serving weights to peers (0: uncapped)", lo=0
     )

@@ -475,6 +475,7 @@ class Node:
                 nonce=os.urandom(16),
                 backend=self.backend.name,
                 dtype=self.backend.dtype,
+                device=self.backend.device.kind,
                 generate_ms=int(seconds * 1000),
                 groups=tuple(
                     RolloutGroup(p.prompt_id, tuple(Completion(s.tokens, s.logprobs) for s in group))

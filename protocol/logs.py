@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
@@ -53,6 +54,9 @@ def setup(verbose: bool) -> None:
     root.setLevel(logging.WARNING)
     for ours in OURS:
         logging.getLogger(ours).setLevel(logging.DEBUG if verbose else logging.WARNING)
+    # transformers logs through a handler of its own (deprecation notices
+    # from inside generate), at the level this variable sets on its import.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "warning" if verbose else "error")
     # ``import libp2p`` stops its records reaching the root handler (pitfall 12).
     import libp2p  # noqa: F401
 

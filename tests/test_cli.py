@@ -58,7 +58,7 @@ def test_help_explains(module):
         (["echo_node", "join", "--bootstrap", DEAD, "--backend", "cuda"], "invalid choice"),
         (["echo_node", "join", "--bootstrap", DEAD, "--dtype", "q2"], "invalid choice"),
         (["echo_node", "join", "--bootstrap", DEAD, "--backend", "torch", "--dtype", "q8_0"],
-         "torch backend runs f32 only"),
+         "torch backend runs f32, bf16 or f16"),
         (["echo_learner", "run", "--model", "/no/such/model.gguf"], "not a Hugging Face model directory"),
         (["echo_node", "join", "--bootstrap", DEAD, "--name", "x" * 33], "at most 32"),
         (["echo_node", "join", "--bootstrap", DEAD, "--device", "tpu"], "invalid choice"),
@@ -69,6 +69,9 @@ def test_help_explains(module):
          "it needs a CUDA build of torch"),
         (["echo_node", "join", "--bootstrap", DEAD, "--backend", "torch", "--device", "vulkan"],
          "torch does not run on Vulkan"),
+        (["echo_learner", "run", "--device", "cuda"], "it needs a CUDA build of torch"),
+        (["echo_learner", "run", "--device", "vulkan"], "invalid choice"),
+        (["echo_learner", "eval", "--base", "--device", "cuda"], "it needs a CUDA build of torch"),
     ],
 )
 def test_bad_arguments_give_one_line(args, message, tmp_path):
@@ -78,6 +81,8 @@ def test_bad_arguments_give_one_line(args, message, tmp_path):
     assert message in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "Traceback" not in out.stderr
+    if args[:2] == ["echo_learner", "run"]:
+        assert not (tmp_path / "x").exists(), "a refused run writes nothing"
     assert not (tmp_path / "x").exists()  # bad input changes nothing
 
 

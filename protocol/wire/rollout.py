@@ -19,6 +19,7 @@ from protocol.errors import ProtocolError, StreamClosed
 from protocol.framing import ByteStream
 from protocol.messages import (
     BACKENDS,
+    DEVICE_KINDS,
     DTYPES,
     JOB_ID,
     MAX_GROUP,
@@ -38,7 +39,7 @@ from protocol.messages import (
 )
 from protocol.schema import Bytes, Float, Int, ListOf, Nested, Str, check
 
-PROTOCOL = "/echo-swarm/rollout/1.0.0"
+PROTOCOL = "/echo-swarm/rollout/1.1.0"
 
 MALFORMED = "malformed"  # the error code (and ledger reason) of an undecodable batch
 
@@ -70,6 +71,9 @@ class RolloutBatch:
     nonce: bytes = field(metadata=check(Bytes(16, 16)))
     backend: str = field(metadata=check(Str(16, BACKENDS)))
     dtype: str = field(metadata=check(Str(16, DTYPES)))
+    # Where it was generated: the learner allows for that hardware's rounding
+    # (backend, dtype and device together pick the log-prob tolerance).
+    device: str = field(metadata=check(Str(16, DEVICE_KINDS)))
     generate_ms: int = field(metadata=check(Int(0, MAX_U53)))
     groups: tuple[RolloutGroup, ...] = field(
         metadata=check(ListOf(Nested(RolloutGroup), MAX_PROMPTS, 1))

@@ -60,6 +60,7 @@ async def test_honest_batch_passes(ledger):
         (lambda: batch(groups=(GOOD,), job_id="other-job"), v.WRONG_JOB),
         (lambda: batch(groups=(GOOD,), backend="llama", dtype="q4_1"), v.UNSUPPORTED),  # no backend of ours
         (lambda: batch(groups=(GOOD,), backend="torch", dtype="q8_0"), v.UNSUPPORTED),  # for a looser tolerance
+        (lambda: batch(groups=(GOOD,), backend="torch", device="vulkan"), v.UNSUPPORTED),  # torch has no Vulkan
         (lambda: batch(groups=(group((97, 258), (97,), prompt_id=8),)), v.NOT_ASSIGNED),
         (lambda: batch(groups=(GOOD, GOOD)), v.NOT_ASSIGNED),
         (lambda: batch(groups=(GOOD,), version=2), v.OUT_OF_WINDOW),

@@ -18,9 +18,13 @@ def test_asking_for_llama_without_it_explains_how_to_install(monkeypatch, tmp_pa
         choose("llama", "f32", 1, tmp_path)
 
 
-def test_torch_runs_f32_only(tmp_path):
-    with pytest.raises(BackendUnavailable, match="f32 only"):
+def test_torch_runs_f32_on_the_cpu_and_no_quantised_dtype(tmp_path):
+    with pytest.raises(BackendUnavailable, match="f32, bf16 or f16, not q8_0"):
         choose("torch", "q8_0", 1, tmp_path)
+    chosen, _ = choose("torch", "auto", 1, tmp_path, "cpu")
+    assert (chosen.dtype, chosen.device.kind) == ("f32", "cpu")
+    chosen, _ = choose("torch", "bf16", 1, tmp_path, "cpu")  # asked for: slower here, but allowed for
+    assert chosen.dtype == "bf16"
 
 
 @pytest.mark.skipif(not llama_installed(), reason="llama.cpp not installed: pip install -e '.[llama]'")

@@ -16,7 +16,7 @@ import torch
 from echo_learner.logprobs import grouped_logprobs
 from echo_learner.model import ModelShape, build_model, config_json
 from echo_learner.trainer import Objective, Trainer
-from echo_learner.verify import TOLERANCE
+from echo_learner.tolerance import tolerance
 from echo_node.backend import llama_installed
 
 pytestmark = pytest.mark.skipif(
@@ -110,7 +110,7 @@ def test_llama_logprobs_match_the_learners_recompute(dtype, tmp_path):
         # An honest node of any dtype passes verification, with a margin
         # except on x3, whose worst token varies most between runs (q8_0:
         # 0.56 to 1.15 over ~4,000 tokens).
-        allowed = TOLERANCE[dtype]
+        allowed = tolerance("llama", dtype)
         margin = 1 if name == "x3" else 2
         assert worst < allowed.worst / margin and mean < allowed.mean / 2, name
 

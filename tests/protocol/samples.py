@@ -22,6 +22,7 @@ def batch(identity: Identity = NODE, **overrides) -> RolloutBatch:
         nonce=b"n" * 16,
         backend="torch",
         dtype="f32",
+        device="cpu",
         generate_ms=12,
         groups=(
             RolloutGroup(7, (Completion((97, 98, 258), (-0.5, -1.25, -0.01)), Completion((99,), (-2.0,)))),

@@ -1,0 +1,80 @@
+"""How far an honest node's log-probs may be from the learner's recompute, per
+(backend, dtype, device) the node declares in its batch.
+
+A node samples with its own (possibly lower-precision) weights and kernels and
+reports the log-prob of each token it sampled; the learner recomputes them in
+f32. Rounding makes them differ, by an amount that depends on the backend, its
+dtype and the hardware's kernels, so each combination gets its own bounds:
+
+- ``worst``: on any one token; ``mean``: over the batch. Rounding errors are
+  heavy-tailed and grow with depth, hence two bounds: the mean catches a
+  forger who shifts many log-probs a little; one who shifts a few by less
+  than ``worst`` moves their importance weights by at most exp(worst), which
+  the PPO clip then bounds.
+- ``z``: the token-plausibility limit (|surprise z-score| over the batch,
+  echo_learner/verify.py): honest samples stay near 0 whatever the dtype.
+
+A combination missing here is refused (``unsupported_dtype``): the bounds are
+not the node's to choose (e.g. llama q4_1, which no backend of ours produces,
+for a looser tolerance; or torch on Vulkan, which does not exist).
+
+Measured against the learner's f32 recompute (tests/node/test_llama_backend.py,
+bench/plausibility.py, >= 10,000 honest rollouts per backend and dtype; the
+x3 rows have every weight of the built-in model tripled, the hardest case
+found), worst / mean:
+
+    llama.cpp on the CPU  f32            f16            q8_0
+      built-in, trained   1e-5 / 3e-7    3e-3 / 1e-4    0.11 / 3e-3
+      built-in, x3        2e-5 / 2e-6    3e-2 / 3e-3    0.56-1.15 / 7e-2
+      SmolLM2-135M        2e-5 / 8e-6    2e-2 / 3e-3    0.88 / 0.10
+    torch on the CPU      f32            f16            bf16
+      built-in, all three 2e-5 / 2e-6    7e-2 / 5e-3    0.57 / 4e-2
+      SmolLM2-135M        <1e-4 / <1e-5  8e-2 / 4e-3    0.96 / 3.5e-2
+
+(SmolLM2: 96 rollouts of up to 64 tokens per dtype at temperature 0.7 on its
+chat prompts; its bf16 worst token varied 0.27-0.96 between batches.)
+
+On GPUs (cuda, mps, vulkan) kernels sum in other orders and llama.cpp's CUDA
+matmuls convert activations differently; no GPU was at hand to measure them
+yet, so GPUs get the CPU's bounds of the same backend and dtype
+(``GPU_CALIBRATED`` is False). ``bench/plausibility.py --device cuda``
+measures them; replace the entries below with those figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    worst: float
+    mean: float
+    z: float
+
+
+# Bounds per (backend, dtype) on the CPU: a few times the largest error
+# measured (table above), so that honest nodes are never refused.
+CPU = {
+    ("llama", "f32"): Tolerance(worst=5e-3, mean=5e-4, z=8.0),
+    ("llama", "f16"): Tolerance(worst=0.1, mean=1e-2, z=8.0),
+    ("llama", "q8_0"): Tolerance(worst=3.0, mean=0.3, z=10.0),
+    ("torch", "f32"): Tolerance(worst=5e-3, mean=5e-4, z=8.0),
+    ("torch", "f16"): Tolerance(worst=0.5, mean=3e-2, z=8.0),
+    ("torch", "bf16"): Tolerance(worst=3.0, mean=0.2, z=8.0),
+}
+GPU_CALIBRATED = False
+# Where each backend runs (echo_node/device.py): torch on CUDA and Apple's
+# MPS, llama.cpp also on Vulkan.
+GPUS = {"torch": ("cuda", "mps"), "llama": ("cuda", "mps", "vulkan")}
+
+TOLERANCE: dict[tuple[str, str, str], Tolerance] = {
+    **{(backend, dtype, "cpu"): t for (backend, dtype), t in CPU.items()},
+    **{(backend, dtype, gpu): t for (backend, dtype), t in CPU.items() for gpu in GPUS[backend]},
+}
+
+
+def tolerance(backend: str, dtype: str, device: str = "cpu") -> Tolerance | None:
+    """The bounds for rollouts ``backend`` made in ``dtype`` on ``device``
+    (None: a combination no backend of ours runs)."""
+    return TOLERANCE.get((backend, dtype, device))
