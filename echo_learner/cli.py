@@ -161,9 +161,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(config: LearnerConfig, *, verbose: bool) -> None:
-    from protocol import logs
+    from protocol import logs, malloc
 
     logs.setup(verbose)
+    malloc.limit_arenas()  # before torch and trio start threads
 
     from echo_learner.checkpoint import CheckpointError
     from echo_learner.device import DeviceUnavailable

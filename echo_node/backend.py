@@ -98,6 +98,8 @@ def choose(name: str, dtype: str, threads: int, work_dir: Path, device: str = "a
         raise BackendUnavailable(INSTALL_LLAMA)
     if name == "torch" and dtype not in ("auto", "f32", "bf16", "f16"):
         raise BackendUnavailable(f"the torch backend runs f32, bf16 or f16, not {dtype} (use --backend llama)")
+    if name == "llama" and dtype not in ("auto", "f32", "f16", "q8_0"):
+        raise BackendUnavailable(f"the llama.cpp backend runs f32, f16 or q8_0, not {dtype} (use --backend torch)")
     try:
         where, why_device = choose_device(device, name)
     except DeviceUnavailable as exc:

@@ -160,9 +160,10 @@ def show_status(args: argparse.Namespace) -> None:
 
 
 def join(config: NodeConfig, learner_addrs: tuple[str, ...], *, verbose: bool) -> None:
-    from protocol import logs
+    from protocol import logs, malloc
 
     logs.setup(verbose)
+    malloc.limit_arenas()  # before torch and trio start threads
 
     import trio
 

@@ -59,6 +59,8 @@ def test_help_explains(module):
         (["echo_node", "join", "--bootstrap", DEAD, "--dtype", "q2"], "invalid choice"),
         (["echo_node", "join", "--bootstrap", DEAD, "--backend", "torch", "--dtype", "q8_0"],
          "torch backend runs f32, bf16 or f16"),
+        (["echo_node", "join", "--bootstrap", DEAD, "--backend", "llama", "--dtype", "bf16"],
+         "llama.cpp backend runs f32, f16 or q8_0"),
         (["echo_learner", "run", "--model", "/no/such/model.gguf"], "not a Hugging Face model directory"),
         (["echo_node", "join", "--bootstrap", DEAD, "--name", "x" * 33], "at most 32"),
         (["echo_node", "join", "--bootstrap", DEAD, "--device", "tpu"], "invalid choice"),
