@@ -29,7 +29,8 @@ signing, checking receipts) costs the backend.
 On a GPU (``--device cuda``; ``mps``, ``vulkan``) the backends and the node
 generate there, the learner checks on the CPU (``--device cpu``: its
 tolerances for GPU rollouts are what is being tested, ``refused`` must stay
-0), and every bare backend is also timed on the CPU for ``gpu_over_cpu``.
+0), and every bare backend is also timed on the CPU (one thread, as it runs
+there) for ``gpu_over_cpu``.
 There ``torch-auto`` runs torch in the GPU's dtype (bf16 where it has it).
 
     python bench/inference.py --json

@@ -21,7 +21,7 @@ for a looser tolerance; or torch on Vulkan, which does not exist).
 Measured against the learner's f32 recompute (tests/node/test_llama_backend.py,
 bench/plausibility.py, >= 10,000 honest rollouts per backend and dtype; the
 x3 rows have every weight of the built-in model tripled, the hardest case
-found), worst / mean:
+found; "all three": the initial, x2 and x3 models together), worst / mean:
 
     llama.cpp on the CPU  f32            f16            q8_0
       built-in, trained   1e-5 / 3e-7    3e-3 / 1e-4    0.11 / 3e-3
@@ -36,9 +36,9 @@ chat prompts; its bf16 worst token varied 0.27-0.96 between batches.)
 
 On GPUs (cuda, mps, vulkan) kernels sum in other orders and llama.cpp's CUDA
 matmuls convert activations differently; no GPU was at hand to measure them
-yet, so GPUs get the CPU's bounds of the same backend and dtype
-(``GPU_CALIBRATED`` is False). ``bench/plausibility.py --device cuda``
-measures them; replace the entries below with those figures.
+yet, so GPUs get the CPU's bounds of the same backend and dtype until
+``bench/plausibility.py --device cuda`` has measured them (``tests/test_gpu.py``
+checks them on a GPU machine).
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Tolerance:
+    """Bounds on |reported - recomputed| log-probs, and on the plausibility z."""
+
     worst: float
     mean: float
     z: float
@@ -63,7 +65,6 @@ CPU = {
     ("torch", "f16"): Tolerance(worst=0.5, mean=3e-2, z=8.0),
     ("torch", "bf16"): Tolerance(worst=3.0, mean=0.2, z=8.0),
 }
-GPU_CALIBRATED = False
 # Where each backend runs (echo_node/device.py): torch on CUDA and Apple's
 # MPS, llama.cpp also on Vulkan.
 GPUS = {"torch": ("cuda", "mps"), "llama": ("cuda", "mps", "vulkan")}

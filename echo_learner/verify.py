@@ -62,7 +62,6 @@ STRIKES = frozenset(
 )
 
 
-
 # Whether the sampled tokens are what sampling at the job's temperature from the claimed
 # version gives (after GRAIL's token-plausibility check). For each token, its
 # surprise under the learner's recompute, -log p(token), minus the entropy of
