@@ -70,8 +70,7 @@ CPU = {
 GPUS = {"torch": ("cuda", "mps"), "llama": ("cuda", "mps", "vulkan")}
 
 TOLERANCE: dict[tuple[str, str, str], Tolerance] = {
-    **{(backend, dtype, "cpu"): t for (backend, dtype), t in CPU.items()},
-    **{(backend, dtype, gpu): t for (backend, dtype), t in CPU.items() for gpu in GPUS[backend]},
+    (backend, dtype, device): t for (backend, dtype), t in CPU.items() for device in ("cpu", *GPUS[backend])
 }
 
 
