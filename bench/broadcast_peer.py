@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -38,6 +39,12 @@ def main() -> None:
     parser.add_argument("--stall", action="store_true", help="never answer chunk requests (tests)")
     parser.add_argument("--request-timeout-s", type=float, default=10.0)
     parser.add_argument("--keep", type=int, default=2)
+    parser.add_argument("--update-fraction", type=float, default=0.0,
+                        help="seed: publish each version after the first as a delta against v0 "
+                        "that changes this fraction of its bytes")
+    parser.add_argument("--staged", type=Path, default=None,
+                        help="seed: publish the versions of this version store (signed with this "
+                        "seed's identity, e.g. by bench/delta.py) one per publish, instead of random ones")
     parser.add_argument("--max-peers", type=int, default=16)
     parser.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
     parser.add_argument("--behind-nat", action="store_true",
@@ -50,7 +57,7 @@ def main() -> None:
 
     import trio
 
-    from protocol import manifest as manifests
+    from protocol import manifest as manifests, updates
     from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
     from protocol.broadcast.store import VersionStore
     from libp2p.peer.id import ID
@@ -104,22 +111,55 @@ def main() -> None:
                 last = n
             await trio.sleep(0.1)  # status sampling for the driver, not synchronisation
 
+    def synthetic(identity, version: int, base):
+        """A random version, or (--update-fraction) a delta against the first."""
+        common = dict(job_id=args.job_id, version=version, parent_version=version - 1, task="bench",
+                      model_config="{}", tokenizer_digest=bytes(32), chunk_size=args.chunk_kib * 1024)
+        if base is None or not args.update_fraction:
+            return manifests.build(identity, weights=os.urandom(int(args.size_mib * 2**20)), **common)
+        base_m, base_weights = base
+        weights = bytearray(base_weights)
+        for i in random.sample(range(len(weights)), int(args.update_fraction * len(weights))):
+            weights[i] ^= random.randrange(1, 256)
+        payload = updates.encode_delta(base_weights, bytes(weights))
+        return manifests.build(identity, weights=bytes(weights),
+                               update=manifests.Update(updates.DELTA, base_m, payload), **common)
+
     async def seed_commands(engine, identity) -> None:
         version = 0
+        base = None
+        staged = VersionStore(args.staged, learner_id=me, keep=10**6) if args.staged else None
         stdin = trio.wrap_file(sys.stdin)
         async for line in stdin:
             if line.strip() != "publish":
                 continue
-            weights = os.urandom(int(args.size_mib * 2**20))
-            m, chunks = manifests.build(
-                identity, job_id=args.job_id, version=version, parent_version=version - 1,
-                task="bench", model_config="{}", tokenizer_digest=bytes(32), weights=weights,
-                chunk_size=args.chunk_kib * 1024,
-            )
+            if staged is not None:
+                left = sorted(v for v in staged.manifests if v >= version)
+                if not left:
+                    emit(event="error", error="no staged version left")
+                    continue
+                version = left[0]
+                m = staged.manifests[version]
+                chunks = [staged.read(version, i) for i in range(len(m.chunk_hashes))]
+            else:
+                m, chunks = synthetic(identity, version, base)
+                if base is None:
+                    base = (m, b"".join(chunks))
             await engine.publish(m, chunks)
             emit(event="published", version=version, t=time.time(), chunks=len(chunks),
                  cpu_s=time.process_time())
             version += 1
+
+    def rebuilds_exactly(store, version: int) -> bool:
+        """Every byte as signed (a LoRA version's merge is not bytes the learner signs)."""
+        m = store.manifests[version]
+        base = store.base_of(version) if m.base_version >= 0 else None
+        try:
+            updates.check_signed(m, store.assemble(version), base,
+                                 None if base is None else store.assemble(base.version))
+        except updates.UpdateRefused:
+            return False
+        return True
 
     async def follow(engine) -> None:
         done: set[int] = set()
@@ -129,10 +169,13 @@ def main() -> None:
             if m is not None and (m.version, len(engine.store.chunks_held(m.version))) != shown:
                 shown = (m.version, len(engine.store.chunks_held(m.version)))
                 emit(event="progress", version=shown[0], held=shown[1])
-            if m is not None and m.version not in done and engine.store.complete(m.version):
-                done.add(m.version)
+            for version in [v for v in sorted(engine.store.manifests)
+                            if v not in done and engine.store.usable(v)]:
+                done.add(version)
                 emit(
-                    event="complete", version=m.version, t=time.time(), cpu_s=time.process_time(),
+                    event="complete", version=version, t=time.time(), cpu_s=time.process_time(),
+                    format=engine.store.manifests[version].format,
+                    exact=await trio.to_thread.run_sync(rebuilds_exactly, engine.store, version),
                     bytes_from=dict(engine.stats.bytes_from), banned=engine.stats.banned,
                     stalls=dict(engine.stats.stalls),
                     routes={peer: current_route(engine.swarm.host, ID.from_base58(peer)) or "gone"

@@ -402,8 +402,14 @@ def export(args: argparse.Namespace) -> None:
         model, tokenizer = load_model(state.get("model_source", ""))
     except ModelError as exc:
         fail(PROG, f"cannot rebuild the checkpoint's model: {exc}")
-    model.load_state_dict(state["model"])
+    from echo_learner.lora import restore
+
+    model = restore(model, state)
     args.out.mkdir(parents=True, exist_ok=True)
+    if state.get("lora"):
+        # The adapter on its own (PEFT's format), then the merged model.
+        model.save_pretrained(args.out / "adapter")
+        model = model.merge_and_unload()
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)
     if importlib.util.find_spec("gguf") is None:

@@ -78,6 +78,25 @@ class LearnerConfig(ConnectionSettings):
         "are those whose tokenizer has a chat template)"
     )
     lr: float = setting(1e-3, "AdamW learning rate", lo=0.0, hi=1.0)
+    # LoRA (docs/learner.md, Versions and updates): train low-rank adapters on
+    # a frozen base; each version then ships as its adapter (~4% of
+    # SmolLM2's weights at rank 16) against a base nodes fetch once.
+    lora: int = setting(0, "train LoRA adapters of this rank on a frozen base model (0: train every weight)",
+                        lo=0, hi=1024)
+    lora_alpha: float = setting(0.0, "LoRA scaling alpha (0: twice the rank)", lo=0.0)
+    lora_dropout: float = setting(
+        0.0, "dropout on the LoRA input while training (0: none; log-prob verification is unaffected, "
+        "it runs without dropout)", lo=0.0, hi=0.9,
+    )
+    lora_targets: str = setting(
+        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+        "comma-separated names of the linear layers that get adapters (Llama's attention and MLP projections)",
+    )
+    max_update_ratio: float = setting(
+        0.5, "publish a version as an update (delta or adapter) against the newest full version only "
+        "when the update is at most this fraction of the full weights; else publish full weights "
+        "(0: always full)", lo=0.0, hi=1.0,
+    )
     temperature: float = setting(
         1.0, "sampling temperature of the rollouts; the policy trained and verified is the model's "
         "distribution at that temperature (below 1: fewer wild samples from a small model)", lo=0.05, hi=10.0

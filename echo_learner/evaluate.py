@@ -22,6 +22,7 @@ from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
 
 from echo_learner.device import of as device_of
+from echo_learner.lora import restore
 from echo_learner.model import render_prompt, stop_ids
 from echo_learner.tasks.base import Task, TaskError
 
@@ -185,7 +186,7 @@ def command(args: argparse.Namespace, prog: str) -> None:
         hint = "" if args.base else " (--base evaluates the model a run starts from)"
         fail(prog, f"{exc}{hint}")
     if state is not None:
-        model.load_state_dict(state["model"])
+        model = restore(model, state)
     model.to(device)
     result = evaluate(
         model, tokenizer, task, n=args.n, k=args.k, batch=args.batch, seed=args.seed,

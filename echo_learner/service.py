@@ -18,6 +18,7 @@ import os
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,14 +34,16 @@ from echo_learner.heldout import HeldoutMonitor
 from echo_learner.ingest import Ingest, now_ms
 from echo_learner.job_bounds import check_answers_fit, check_prompts_fit
 from echo_learner.ledger import Ledger
+from echo_learner.lora import LoraSettings, adapter_state, describe_lora, load_adapter_state, state_bytes, wrap
 from echo_learner.model import config_json, describe, load_model, render_prompt, stop_ids, tokenizer_digest
 from echo_learner.peers import PeerBook
 from echo_learner.pool import PromptPool
+from echo_learner.publishing import Publisher
 from echo_learner.tasks.base import Task, TaskPrompt
 from echo_learner.tasks.registry import load_task
 from echo_learner.trainer import Objective, StepStats, Trainer
 from echo_learner.verify import Limits, Policies
-from protocol import codec, manifest
+from protocol import codec
 from protocol.broadcast import bitfield
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
 from protocol.broadcast.store import VersionStore
@@ -50,7 +53,7 @@ from protocol.identity import Identity
 from protocol.lan import discover_lan
 from protocol.ids import JOB_DIRECTORY_KEY, manifest_key
 from protocol.logs import event
-from protocol.messages import MAX_PROMPT_TOKENS
+from protocol.messages import MAX_PROMPT_TOKENS, Manifest
 from protocol.rpc import serve
 from protocol.swarm import Swarm, connect_bootstrap, open_swarm
 from protocol.wire import receipts, rollout, work
@@ -91,6 +94,11 @@ class Learner:
         torch.manual_seed(config.seed)
         self.device, why_device = choose_device(config.device)  # DeviceUnavailable before anything is written
         model, self.tokenizer = load_model(config.model, config.seed)
+        self.lora = LoraSettings.from_config(config)
+        frozen_base = None
+        if self.lora is not None:
+            frozen_base = state_bytes(model)  # what nodes fetch once; adapters apply to it
+            model = wrap(model, self.lora)
         self.model = model.to(self.device)
         event(log, logging.INFO, "training on", device=str(self.device), why=why_device)
         self.max_new_tokens = config.max_new_tokens or self.task.max_new_tokens
@@ -116,6 +124,11 @@ class Learner:
             pad_id=self.tokenizer.pad_token_id,
             max_logit_bytes=config.logit_memory_mib * 2**20,
             temperature=config.temperature,
+        )
+        self.publisher = Publisher(
+            identity, job_id=self.job_id, task=self.task.name, model_config=config_json(self.model),
+            tokenizer_digest=tokenizer_digest(self.tokenizer), chunk_size=config.chunk_size,
+            max_update_ratio=config.max_update_ratio, lora=self.lora, frozen_base=frozen_base,
         )
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(config.ledger_path)
@@ -170,6 +183,7 @@ class Learner:
         self.engine: BroadcastEngine | None = None
         self.addrs: list[str] = []
         self.bytes_published = 0
+        self.last_format = ""  # of the newest version: safetensors, delta or lora
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -213,6 +227,7 @@ class Learner:
                     config=BroadcastConfig(max_upload_mbit=cfg.max_upload_mbit),
                 )
                 self.engine.have_listener = self._on_have
+                self.publisher.adopt_base(store)
                 await nursery.start(self.engine.run)
                 nursery.start_soon(self.heldout.run)
                 api_url = await nursery.start(serve_api, self, cfg.status_host, cfg.status_port, cfg.status_token)
@@ -251,7 +266,15 @@ class Learner:
                     f"the checkpoint trains --model {state.get('model_source') or '(built-in)'!r}, "
                     f"not {cfg.model or '(built-in)'!r}"
                 )
-            self.model.load_state_dict(state["model"])
+            lora = self.lora.as_dict() if self.lora else None
+            if state.get("lora") != lora:
+                raise checkpoint.CheckpointError(
+                    f"the checkpoint trains {describe_lora(state.get('lora'))}, not {describe_lora(lora)}"
+                )
+            if self.lora is not None:
+                load_adapter_state(self.model, state["model"])
+            else:
+                self.model.load_state_dict(state["model"])
             self.trainer.optimizer.load_state_dict(state["optimizer"])
             checkpoint.restore_rng(self.rng, state["rng"])
             self.step = self.checkpointed_step = state["step"]
@@ -359,12 +382,14 @@ class Learner:
             "version": self.version,
             "mode": self.config.mode,
             "model_source": self.config.model,
+            "lora": self.lora.as_dict() if self.lora else None,
             "rng": checkpoint.rng_state(self.rng),
             "pool": self.pool.state(),
         }
 
         def write() -> None:
-            state["model"] = self.model.state_dict()
+            # LoRA: the adapter only; the frozen base is the --model's.
+            state["model"] = adapter_state(self.model) if self.lora else self.model.state_dict()
             state["optimizer"] = self.trainer.optimizer.state_dict()
             checkpoint.save(self.config.checkpoint_path, state)
 
@@ -374,34 +399,43 @@ class Learner:
     # --- publishing --------------------------------------------------------------
 
     async def publish(self, first_version: int | None = None) -> None:
-        """Chunk and sign the current weights as the next version, record it
-        durably, seed it into the broadcast, and leave its manifest for the DHT
-        (``_keep_manifest_in_dht``)."""
+        """Publish the current weights as the next version (``_publish_version``).
+
+        Training LoRA with no base out yet (the first start, or a restart
+        whose store lost it), the frozen base goes out first as a full
+        version: before the first step it is the policy itself (adapters
+        start at zero), after a restart a version nodes fetch on the way.
+        """
+        version = self.version + 1 if first_version is None else first_version
+        if self.publisher.needs_base():
+            await self._publish_version(version, self.publisher.build_base, policy=self.step == 0)
+            if self.step == 0:
+                return
+            version += 1
+        await self._publish_version(version, lambda v: self.publisher.build(v, self.model), policy=True)
+
+    async def _publish_version(
+        self, version: int, build: Callable[[int], tuple[Manifest, list[bytes]]], *, policy: bool
+    ) -> None:
+        """Chunk and sign ``version``, record it durably, seed it into the
+        broadcast, and leave its manifest for the DHT (``_keep_manifest_in_dht``).
+        ``policy``: rollouts may be made with it (else it is only a base)."""
         assert self.swarm is not None and self.engine is not None
         t0 = time.monotonic()
-        version = self.version + 1 if first_version is None else first_version
 
-        def build() -> tuple[Any, list[bytes], torch.nn.Module]:
-            signed, chunks = manifest.build(
-                self.identity,
-                job_id=self.job_id,
-                version=version,
-                parent_version=version - 1,
-                task=self.task.name,
-                model_config=config_json(self.model),
-                tokenizer_digest=tokenizer_digest(self.tokenizer),
-                weights=self.trainer.weights(),
-                chunk_size=self.config.chunk_size,
-            )
-            return signed, chunks, self.trainer.snapshot()
+        def build_all() -> tuple[Manifest, list[bytes], torch.nn.Module | None]:
+            signed, chunks = build(version)
+            return signed, chunks, self.trainer.snapshot() if policy else None
 
-        signed, chunks, snapshot = await trio.to_thread.run_sync(build)
+        signed, chunks, snapshot = await trio.to_thread.run_sync(build_all)
         encoded = codec.encode(signed)
         self.ledger.record_version(version, self.step, now_ms(), encoded)
-        self.policies.add(version, snapshot)
-        self.heldout.on_publish(version, self.step, snapshot)
+        if snapshot is not None:
+            self.policies.add(version, snapshot)
+            self.heldout.on_publish(version, self.step, snapshot)
         await self.engine.publish(signed, chunks)
         self.bytes_published += signed.total_size
+        self.last_format = signed.format
         self.version = version
         self.pool.set_open(self.pool.open, min_version=version - self.config.window)
         self.meter.on_publish(version, t0, time.monotonic())

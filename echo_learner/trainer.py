@@ -10,10 +10,10 @@ import copy
 from dataclasses import dataclass
 
 import torch
-from safetensors.torch import save
 
 from echo_learner.device import of as device_of
 from echo_learner.grpo import clipped_surrogate_loss, group_advantages, kl_penalty
+from echo_learner.lora import state_bytes
 from echo_learner.logprobs import TRAIN_BYTES_PER_LOGIT, completion_logprobs, row_slices, spread
 
 
@@ -42,6 +42,10 @@ class Objective:
     kl_coef: float
 
 
+def trainable_of(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 class Trainer:
     def __init__(
         self,
@@ -58,21 +62,14 @@ class Trainer:
         self.objective = objective
         self.pad_id = pad_id
         self.max_logit_bytes = max_logit_bytes
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        # Only what trains (a LoRA model's adapters; every weight otherwise).
+        self.optimizer = torch.optim.AdamW(trainable_of(model), lr=lr, weight_decay=0.0)
         # The reference policy for the KL penalty is the starting model, frozen.
         self.reference = copy.deepcopy(model).eval() if objective.kl_coef > 0 else None
 
     def weights(self) -> bytes:
-        """The current weights as safetensors bytes (what gets chunked and published)."""
-        tied = getattr(self.model.config, "tie_word_embeddings", False)
-        # Tied embeddings share storage and safetensors refuses shared tensors;
-        # the receiver re-ties lm_head to the embedding.
-        state = {
-            k: v.detach().contiguous()
-            for k, v in self.model.state_dict().items()
-            if not (tied and k == "lm_head.weight")
-        }
-        return save(state)
+        """The current weights of a plain (not LoRA) model as safetensors bytes."""
+        return state_bytes(self.model)
 
     def snapshot(self) -> torch.nn.Module:
         """A frozen copy of the current policy (to verify rollouts made with it)."""
@@ -125,6 +122,6 @@ class Trainer:
             (loss * share).backward()
             total_loss += float(loss.detach()) * share
             total_kl += float(kl.detach()) * share
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable_of(self.model), 1.0)
         self.optimizer.step()
         return StepStats(loss=total_loss, kl=total_kl, reward_mean=float(rewards.mean()), tokens=tokens)

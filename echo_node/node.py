@@ -36,6 +36,7 @@ from protocol import codec
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine, VersionTooLarge
 from protocol.broadcast.store import VersionStore
 from protocol.errors import ProtocolError, SignatureError
+from protocol.updates import UpdateRefused
 from protocol.host import parse_multiaddr, parse_peer_addr
 from protocol.identity import Identity, verify
 from protocol.ids import JOB_DIRECTORY_KEY, RELAY_DIRECTORY_KEY, manifest_key
@@ -393,7 +394,12 @@ class Node:
                 raise RequestFailed(f"learner offers v{manifest.version} but assigned v{version}")
             newest = await download_newer(self.engine, manifest, self.version)
             loaded = self.engine.store.manifests[newest]
-            weights = await trio.to_thread.run_sync(self.engine.store.assemble, newest)
+            try:
+                # An update is rebuilt into full weights against its base, bit
+                # for bit what the learner signed (protocol.updates).
+                weights = await trio.to_thread.run_sync(self.engine.store.rebuild, newest)
+            except UpdateRefused as exc:
+                raise Refused(f"v{newest}: {exc}") from exc
             # Preparing (for llama.cpp: writing a GGUF) overlaps generation;
             # only the swap waits for a running generation to finish.
             prepared = await trio.to_thread.run_sync(self._prepare, loaded.model_config, weights)

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import hashlib
 import time
+from dataclasses import dataclass
 
+from protocol import codec
 from protocol.errors import ChunkHashMismatch, DecodeError
 from protocol.identity import Identity, verify
 from protocol.messages import MAX_CHUNKS, UNSIGNED, Manifest
+from protocol.updates import FULL, LORA
 
 DEFAULT_CHUNK_SIZE = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Update:
+    """A version published as an update (format "delta" or "lora") against ``base``."""
+
+    format: str
+    base: Manifest
+    payload: bytes
 
 
 def split(data: bytes, chunk_size: int) -> list[bytes]:
@@ -34,9 +46,13 @@ def build(
     tokenizer_digest: bytes,
     weights: bytes,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    update: Update | None = None,
 ) -> tuple[Manifest, list[bytes]]:
-    """Chunk ``weights`` (safetensors bytes) and sign a manifest for them."""
-    chunks = split(weights, chunk_size)
+    """Chunk ``weights`` (safetensors bytes) and sign a manifest for them; with
+    ``update``, chunk its payload instead (a delta or adapter against a base,
+    see ``protocol.updates``) and sign ``weights``' digest as what it rebuilds."""
+    payload = weights if update is None else update.payload
+    chunks = split(payload, chunk_size)
     if len(chunks) > MAX_CHUNKS:
         raise ValueError(f"{len(chunks)} chunks exceed the limit of {MAX_CHUNKS}")
     manifest = Manifest(
@@ -46,8 +62,14 @@ def build(
         task=task,
         model_config=model_config,
         tokenizer_digest=tokenizer_digest,
-        format="safetensors",
-        total_size=len(weights),
+        format=FULL if update is None else update.format,
+        base_version=-1 if update is None else update.base.version,
+        base_digest=b"" if update is None else codec.digest(update.base),
+        # An adapter is checked as itself: its merge rounds on the node's hardware.
+        weights_digest=hashlib.sha256(
+            payload if update is not None and update.format == LORA else weights
+        ).digest(),
+        total_size=len(payload),
         chunk_size=chunk_size,
         chunk_hashes=tuple(hashlib.sha256(c).digest() for c in chunks),
         created_ms=int(time.time() * 1000),
@@ -71,6 +93,14 @@ def check(manifest: Manifest, learner_id: str | None = None) -> None:
         raise DecodeError(
             f"manifest lists {len(manifest.chunk_hashes)} chunks, size implies {expected_chunks}"
         )
+    if (manifest.format == FULL) != (manifest.base_version == -1) or (
+        manifest.base_version >= manifest.version
+    ):
+        raise DecodeError(
+            f"manifest v{manifest.version} of format {manifest.format} names base v{manifest.base_version}"
+        )
+    if len(manifest.base_digest) != (0 if manifest.format == FULL else 32):
+        raise DecodeError(f"manifest v{manifest.version}: base digest of {len(manifest.base_digest)} bytes")
     verify(manifest, signer)
 
 

@@ -66,7 +66,14 @@ class Manifest:
     # Hugging Face config.json of the model, as JSON text.
     model_config: str = field(metadata=check(Str(16_384)))
     tokenizer_digest: bytes = field(metadata=check(SHA256))
-    format: str = field(metadata=check(Str(16, ("safetensors",))))
+    # What the chunks hold (protocol.updates): "safetensors" (full weights),
+    # "delta" or "lora" (an update against base_version, named by the digest
+    # of its manifest). weights_digest: SHA-256 of the file the chunks make
+    # once decoded (the full weights; for "lora", the adapter file).
+    format: str = field(metadata=check(Str(16, ("safetensors", "delta", "lora"))))
+    base_version: int = field(metadata=check(Int(-1, MAX_U53)))
+    base_digest: bytes = field(metadata=check(Bytes(0, 32)))
+    weights_digest: bytes = field(metadata=check(SHA256))
     total_size: int = field(metadata=check(Int(0, MAX_CHUNKS * MAX_CHUNK_BYTES)))
     chunk_size: int = field(metadata=check(Int(1, MAX_CHUNK_BYTES)))
     chunk_hashes: tuple[bytes, ...] = field(metadata=check(ListOf(SHA256, MAX_CHUNKS)))

@@ -1,6 +1,6 @@
 """The broadcast engine: one per process, the learner (seed) and every node alike.
 
-- Serves every chunk it holds on ``/echo-swarm/chunk/1.0.0`` as soon as the
+- Serves every chunk it holds on ``/echo-swarm/chunk/1.1.0`` as soon as the
   chunk is on disk (written only after its hash matched the signed manifest),
   within the upload policy and the upload token bucket.
 - Keeps a have-stream (``/echo-swarm/have/1.0.0``) with each neighbour: both
@@ -39,7 +39,7 @@ from libp2p.network.stream.exceptions import StreamError
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from protocol import manifest as manifests
+from protocol import manifest as manifests, updates
 from protocol.broadcast import bitfield
 from protocol.broadcast.scheduler import Download, SchedulerConfig
 from protocol.broadcast.serving import ChunkServer, manifest_digest
@@ -166,7 +166,7 @@ class BroadcastEngine:
         # Told of every neighbour's Have (the learner uses it to time the broadcast).
         self.have_listener: Callable[[str, Have], None] | None = None
         if self.target is not None and not self.is_seed:
-            self._start_download(self.target)
+            self._follow(self.target)
 
     # --- lifecycle ---------------------------------------------------------------
 
@@ -216,7 +216,48 @@ class BroadcastEngine:
             self._queued = manifest
             self._poke_local()
             return
-        self._start_download(manifest)
+        self._follow(manifest)
+
+    def _follow(self, m: Manifest) -> None:
+        """Download ``m``'s version, or first its base if it is an update
+        against a base not held in full (``m`` waits queued meanwhile)."""
+        if m.base_version < 0 or self.store.complete(m.base_version) and self.store.base_of(m.version):
+            self._start_download(m)
+            return
+        self._queued = m
+        base = self.store.base_of(m.version)
+        if base is not None:
+            self._start_download(base)
+        elif self._nursery is not None and m.base_version not in self._learning:
+            self._learning.add(m.base_version)
+            self._nursery.start_soon(self._fetch_base, m)
+
+    async def _fetch_base(self, update: Manifest) -> None:
+        """Get the manifest of ``update``'s base, from the learner or else a neighbour."""
+        try:
+            for peer in [self.learner_id, *(p for p in self.neighbours if p != self.learner_id)]:
+                try:
+                    base = await self.fetch_manifest(peer, update.base_version)
+                except PEER_ERRORS as exc:
+                    event(log, logging.INFO, "could not get a base manifest", peer=peer,
+                          version=update.base_version, error=exc)
+                    continue
+                try:
+                    updates.check_base(update, base)
+                except updates.UpdateRefused as exc:
+                    # Signed by the learner, yet not this update's base: a
+                    # restarted run reusing numbers, or a learner bug.
+                    event(log, logging.WARNING, "refusing an update against another base",
+                          version=update.version, error=exc)
+                    if self._queued is update:
+                        self._queued = None
+                    return
+                self.store.add_manifest(base)
+                if self._queued is update:
+                    self._start_download(base)
+                return
+        finally:
+            self._learning.discard(update.base_version)
 
     def newest_wanted(self) -> Manifest | None:
         return self._queued if self._queued is not None else self.target
@@ -229,8 +270,8 @@ class BroadcastEngine:
         return held < n and 2 * held >= n
 
     def newest_complete(self) -> int:
-        """The newest version held in full (-1: none)."""
-        return max((v for v in self.store.manifests if self.store.complete(v)), default=-1)
+        """The newest version held in full, its base too if it is an update (-1: none)."""
+        return max((v for v in self.store.manifests if self.store.usable(v)), default=-1)
 
     async def wait_newer(self, held: int, on_progress: Callable[[int, int], None] | None = None) -> int:
         """Wait until a version newer than ``held`` is complete; the newest complete one."""
@@ -360,7 +401,13 @@ class BroadcastEngine:
 
     def _apply_have(self, peer: str, latest: Have) -> None:
         m, d = self.target, self.download
-        if m is None or d is None or latest.version != m.version:
+        if m is None or d is None:
+            return
+        if latest.version != m.version:
+            if self._holds_as_base(latest, m) and not self.banned(peer):
+                # Following an update against m means holding m in full.
+                d.update_peer(peer, frozenset(range(len(m.chunk_hashes))))
+                self._poke_downloader()
             return
         if self.banned(peer):
             d.drop(peer)
@@ -468,7 +515,7 @@ class BroadcastEngine:
                 self.stats.completed_at.setdefault(m.version, time.time())
                 queued, self._queued = self._queued, None
                 if queued is not None and queued.version > m.version:
-                    self._start_download(queued)
+                    self._follow(queued)
             self._poke_local()
         else:
             if outcome == "bad":
@@ -562,6 +609,15 @@ class BroadcastEngine:
         self.stats.bytes_from[peer] += len(reply.data)
         self.stats.chunks_from[peer] += 1
         return "ok"
+
+    def _holds_as_base(self, latest: Have, m: Manifest) -> bool:
+        """Does a peer's Have name an update (known to us) whose base is ``m``?
+        Engines fetch an update only once they hold its base in full."""
+        u = self.store.manifests.get(latest.version)
+        return (
+            u is not None and u.base_version == m.version and latest.manifest_digest == manifest_digest(u)
+            and u.base_digest == manifest_digest(m)
+        )
 
     def _announces(self, peer: str, m: Manifest, idx: int) -> bool:
         """Does ``peer``'s latest Have still name chunk ``idx`` of ``m``?"""

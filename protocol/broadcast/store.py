@@ -10,7 +10,7 @@ atomically (temp file + rename). Every manifest and chunk is checked again
 when a restarted process loads the store, so files need no fsync: one torn by
 a power cut fails its check and is fetched again. Chunks shared by two
 versions are stored once. Keeping only the newest ``keep`` versions bounds
-disk use.
+disk use; the base of a kept update stays as long as the update.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from protocol import codec, manifest as manifests
+from protocol import codec, manifest as manifests, updates
 from protocol.errors import ChunkHashMismatch, ProtocolError
 from protocol.files import write_atomic
 from protocol.logs import event
@@ -78,6 +78,27 @@ class VersionStore:
         m = self.manifests.get(version)
         return m is not None and len(self.held[version]) == len(m.chunk_hashes)
 
+    def base_of(self, version: int) -> Manifest | None:
+        """The manifest of the base ``version`` is an update against, if held
+        (and exactly that base: same manifest digest)."""
+        m = self.manifests.get(version)
+        base = self.manifests.get(m.base_version) if m is not None else None
+        return base if base is not None and codec.digest(base) == m.base_digest else None
+
+    def usable(self, version: int) -> bool:
+        """Complete, and so is its base if it is an update: it can be rebuilt."""
+        m = self.manifests.get(version)
+        if m is None or not self.complete(version):
+            return False
+        return m.base_version < 0 or self.base_of(version) is not None and self.complete(m.base_version)
+
+    def rebuild(self, version: int) -> bytes:
+        """The full weights of a usable version (``protocol.updates.rebuild``)."""
+        m = self.manifests[version]
+        base = self.base_of(version) if m.base_version >= 0 else None
+        return updates.rebuild(m, self.assemble(version), base,
+                               None if base is None else self.assemble(base.version))
+
     def read(self, version: int, idx: int) -> bytes | None:
         """Chunk ``idx`` of ``version`` if held (None otherwise)."""
         if idx not in self.held.get(version, ()):
@@ -129,7 +150,10 @@ class VersionStore:
         self.mark_held(version, idx)
 
     def _collect_garbage(self) -> None:
-        for version in sorted(self.manifests)[: -self.keep]:
+        """Keep the newest ``keep`` versions and the bases they are updates against."""
+        kept = sorted(self.manifests)[-self.keep :]
+        bases = {self.manifests[v].base_version for v in kept}
+        for version in [v for v in self.manifests if v not in kept and v not in bases]:
             del self.manifests[version]
             del self.held[version]
             (self._manifest_dir / f"{version}.msgpack").unlink(missing_ok=True)

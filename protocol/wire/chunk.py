@@ -29,7 +29,7 @@ from protocol.messages import (
 )
 from protocol.schema import Bytes, Int, check
 
-PROTOCOL = "/echo-swarm/chunk/1.0.0"
+PROTOCOL = "/echo-swarm/chunk/1.1.0"  # 1.1: manifests may name a base (updates)
 
 # Error codes of this protocol (besides the shared unknown_job).
 UNKNOWN_VERSION = "unknown_version"  # no manifest of that version here

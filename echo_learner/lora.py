@@ -1,0 +1,114 @@
+"""LoRA: training low-rank adapters (PEFT) on a frozen base model.
+
+The learner wraps its model once, before the optimiser sees it; GRPO,
+log-prob recompute and held-out scoring then run on the wrapped model as on
+any other. What a LoRA version publishes is its adapter file
+(``adapter_bytes``), an update against the base weights (``base_bytes``,
+published once as a full version); ``protocol.updates`` says how nodes
+rebuild the weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from safetensors.torch import save
+
+from protocol.updates import lora_metadata
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    rank: int
+    alpha: float
+    dropout: float
+    targets: tuple[str, ...]
+
+    @classmethod
+    def from_config(cls, config) -> LoraSettings | None:  # type: ignore[no-untyped-def]
+        """The job's LoRA settings; None when it trains every weight (``--lora 0``)."""
+        if not config.lora:
+            return None
+        targets = tuple(t.strip() for t in config.lora_targets.split(",") if t.strip())
+        if not targets:
+            raise ValueError("--lora-targets names no layer")
+        return cls(config.lora, config.lora_alpha or 2.0 * config.lora, config.lora_dropout, targets)
+
+    def as_dict(self) -> dict:
+        return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout, "targets": list(self.targets)}
+
+
+def describe_lora(settings: dict | None) -> str:
+    """How errors name a checkpoint's or a run's LoRA settings."""
+    if not settings:
+        return "every weight (no --lora)"
+    return f"LoRA rank {settings['rank']} alpha {settings['alpha']:g} on {','.join(settings['targets'])}"
+
+
+def state_bytes(model: torch.nn.Module) -> bytes:
+    """A plain (unwrapped) model's weights as safetensors bytes."""
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    # Tied embeddings share storage and safetensors refuses shared tensors;
+    # the receiver re-ties lm_head to the embedding.
+    state = {
+        k: v.detach().to("cpu", torch.float32).contiguous()
+        for k, v in model.state_dict().items()
+        if not (tied and k == "lm_head.weight")
+    }
+    return save(state)
+
+
+def wrap(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
+    """``model`` with adapters on its ``settings.targets`` layers, everything else frozen.
+
+    PEFT initialises B to zeros: the wrapped model computes exactly what the
+    base does until the first step.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [t for t in settings.targets if t not in present]
+    if missing:
+        raise ValueError(f"--lora-targets {','.join(missing)}: no such layer in the model")
+    config = LoraConfig(
+        r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+        target_modules=list(settings.targets), bias="none",
+    )
+    return get_peft_model(model, config)
+
+
+def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter's tensors, named as PEFT saves them (``...q_proj.lora_A.weight``)."""
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def load_adapter_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    from peft import set_peft_model_state_dict
+
+    result = set_peft_model_state_dict(model, state)
+    if getattr(result, "unexpected_keys", None):
+        raise ValueError(f"the checkpoint's adapter has tensors this model lacks: {result.unexpected_keys[:3]}")
+
+
+def adapter_bytes(model: torch.nn.Module, settings: LoraSettings) -> bytes:
+    """The adapter file a LoRA version publishes."""
+    return save(adapter_state(model), metadata=lora_metadata(settings.rank, settings.alpha))
+
+
+
+
+def restore(model: torch.nn.Module, state: dict) -> torch.nn.Module:
+    """``model`` (the checkpoint's --model, freshly loaded) with a learner
+    checkpoint's weights: its adapter merged in for a LoRA run (``export``,
+    ``eval``), every weight otherwise."""
+    settings = state.get("lora")
+    if not settings:
+        model.load_state_dict(state["model"])
+        return model
+    peft_model = wrap(model, LoraSettings(settings["rank"], settings["alpha"], settings["dropout"],
+                                          tuple(settings["targets"])))
+    load_adapter_state(peft_model, state["model"])
+    return peft_model

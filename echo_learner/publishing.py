@@ -1,0 +1,102 @@
+"""How each policy version goes out: full weights, or an update against a base.
+
+A *base* is a version published as full weights. Training every weight, each
+later version is a delta against the newest base while the delta is at most
+``max_update_ratio`` of the full weights; past that (the weights have drifted
+far), the full weights go out and become the new base. Training LoRA, the
+base is the frozen model, published once, and each version is its adapter.
+``protocol.updates`` defines the formats; nodes fetch a base once and then
+only updates.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from echo_learner.lora import LoraSettings, adapter_bytes, state_bytes
+from protocol import manifest
+from protocol.broadcast.store import VersionStore
+from protocol.identity import Identity
+from protocol.messages import Manifest
+from protocol.updates import DELTA, FULL, LORA, digest, encode_delta, merge_lora
+
+
+class Publisher:
+    def __init__(
+        self,
+        identity: Identity,
+        *,
+        job_id: str,
+        task: str,
+        model_config: str,
+        tokenizer_digest: bytes,
+        chunk_size: int,
+        max_update_ratio: float,
+        lora: LoraSettings | None = None,
+        frozen_base: bytes | None = None,
+    ):
+        if (lora is None) != (frozen_base is None):
+            raise ValueError("a LoRA publisher needs the frozen base weights, and only it")
+        self.identity = identity
+        self.common = dict(job_id=job_id, task=task, model_config=model_config,
+                           tokenizer_digest=tokenizer_digest, chunk_size=chunk_size)
+        self.max_update_ratio = max_update_ratio
+        self.lora = lora
+        self.frozen_base = frozen_base
+        # The newest base: its manifest and its weights file.
+        self.base: tuple[Manifest, bytes] | None = None
+
+    def adopt_base(self, store: VersionStore) -> None:
+        """After a restart: use the LoRA base published before, if the store holds it."""
+        if self.frozen_base is None:
+            return
+        want = digest(self.frozen_base)
+        for version in sorted(store.manifests, reverse=True):
+            m = store.manifests[version]
+            if m.format == FULL and m.weights_digest == want and store.complete(version):
+                self.base = (m, self.frozen_base)
+                return
+
+    def needs_base(self) -> bool:
+        """LoRA with no base out yet: the next version must be the frozen base."""
+        return self.lora is not None and self.base is None
+
+    def build_base(self, version: int) -> tuple[Manifest, list[bytes]]:
+        assert self.frozen_base is not None
+        return self._full(version, self.frozen_base, is_base=True)
+
+    def build(self, version: int, model: torch.nn.Module) -> tuple[Manifest, list[bytes]]:
+        """Version ``version`` of ``model``, as an update when that pays."""
+        if self.lora is not None:
+            assert self.base is not None, "publish the base first (needs_base)"
+            adapter = adapter_bytes(model, self.lora)
+            if self._small(adapter, self.base[1]):
+                return self._update(version, LORA, adapter)
+            # An adapter as big as the model: ship the merged weights. Later
+            # adapters still apply to the frozen base, which stays the base.
+            return self._full(version, merge_lora(self.base[1], adapter), is_base=False)
+        weights = state_bytes(model)
+        if self.base is not None:
+            delta = encode_delta(self.base[1], weights)
+            if delta is not None and self._small(delta, weights):
+                return self._update(version, DELTA, delta, weights)
+        return self._full(version, weights, is_base=True)
+
+    def _small(self, update: bytes, full: bytes) -> bool:
+        return len(update) <= self.max_update_ratio * len(full)
+
+    def _full(self, version: int, weights: bytes, *, is_base: bool) -> tuple[Manifest, list[bytes]]:
+        signed, chunks = manifest.build(
+            self.identity, version=version, parent_version=version - 1, weights=weights, **self.common
+        )
+        if is_base:
+            self.base = (signed, weights)
+        return signed, chunks
+
+    def _update(self, version: int, fmt: str, payload: bytes, weights: bytes | None = None) -> tuple[Manifest, list[bytes]]:
+        assert self.base is not None
+        return manifest.build(
+            self.identity, version=version, parent_version=version - 1,
+            weights=payload if weights is None else weights,
+            update=manifest.Update(fmt, self.base[0], payload), **self.common,
+        )
