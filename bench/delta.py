@@ -22,6 +22,9 @@ within this run.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import gc
 import random
 import shutil
 import statistics
@@ -129,6 +132,12 @@ def grpo_versions(store, identity, args) -> dict:
     return rewards
 
 
+def release_memory() -> None:
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # glibc only
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def broadcast(root: Path, bootstrap: str, seed_dir: Path, staged: Path, versions: list[int], args) -> dict[int, dict]:
     """Publish ``versions`` one at a time; per version the seconds until every node holds it."""
     common = ["--bootstrap", bootstrap, "--job-id", "bench-delta", "--upload-mbit", str(args.upload_mbit),
@@ -192,6 +201,7 @@ def main() -> None:
         t0 = time.monotonic()
         rewards = grpo_versions(store, identity, args)
         train_s = time.monotonic() - t0
+        release_memory()  # the models and optimisers: 8 nodes rebuilding 538 MB each need the room
         sizes = {v: m.total_size for v, m in store.manifests.items()}
         formats = {v: m.format for v, m in store.manifests.items()}
         lora_vs = [v for v in sorted(sizes) if formats[v] == "lora"]

@@ -183,7 +183,6 @@ class Learner:
         self.engine: BroadcastEngine | None = None
         self.addrs: list[str] = []
         self.bytes_published = 0
-        self.last_format = ""  # of the newest version: safetensors, delta or lora
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -435,7 +434,6 @@ class Learner:
             self.heldout.on_publish(version, self.step, snapshot)
         await self.engine.publish(signed, chunks)
         self.bytes_published += signed.total_size
-        self.last_format = signed.format
         self.version = version
         self.pool.set_open(self.pool.open, min_version=version - self.config.window)
         self.meter.on_publish(version, t0, time.monotonic())
@@ -528,6 +526,9 @@ class Learner:
         return {
             "version": self.version,
             "bytes": newest.total_size if newest else 0,
+            # safetensors (full weights), delta or lora (an update against base_version)
+            "format": newest.format if newest else "",
+            "base_version": newest.base_version if newest else -1,
             "holders": holders,
             "spread_s": self.meter.spread_s(self.version),
             "seconds": round(self.meter.broadcast_s, 3),

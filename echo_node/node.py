@@ -32,7 +32,7 @@ from echo_node.config import NodeConfig
 from echo_node.guard import ModelLimits, ModelShape, Refused, check_assignment, check_version, model_shape
 from echo_node.memory import GiB, fit_backend, free_bytes, gib, load_need, prompts_per_call
 from echo_node.weights import download_newer
-from protocol import codec
+from protocol import codec, updates
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine, VersionTooLarge
 from protocol.broadcast.store import VersionStore
 from protocol.errors import ProtocolError, SignatureError
@@ -394,21 +394,18 @@ class Node:
                 raise RequestFailed(f"learner offers v{manifest.version} but assigned v{version}")
             newest = await download_newer(self.engine, manifest, self.version)
             loaded = self.engine.store.manifests[newest]
-            try:
-                # An update is rebuilt into full weights against its base, bit
-                # for bit what the learner signed (protocol.updates).
-                weights = await trio.to_thread.run_sync(self.engine.store.rebuild, newest)
-            except UpdateRefused as exc:
-                raise Refused(f"v{newest}: {exc}") from exc
             # Preparing (for llama.cpp: writing a GGUF) overlaps generation;
             # only the swap waits for a running generation to finish.
-            prepared = await trio.to_thread.run_sync(self._prepare, loaded.model_config, weights)
+            try:
+                prepared = await trio.to_thread.run_sync(self._prepare_version, newest)
+            except UpdateRefused as exc:
+                raise Refused(f"v{newest}: {exc}") from exc
             async with self._backend_lock:
                 self.backend.use(prepared)
                 self.version = newest
                 self.model_limits = ModelLimits.from_config(loaded.model_config)
                 self.model_shape = model_shape(loaded.model_config)
-            event(log, logging.INFO, "loaded weights", version=newest)
+            event(log, logging.INFO, "loaded weights", version=newest, format=loaded.format)
 
     def _free(self) -> int:
         assert self.backend is not None
@@ -429,6 +426,31 @@ class Node:
         longest = max(len(p.tokens) for p in work.prompts)
         return prompts_per_call(self.model_shape, self.backend.name, len(work.prompts), work.group_size,
                                 longest, work.max_new_tokens, self._free())
+
+    def _prepare_version(self, version: int) -> Any:
+        """Get ``version`` ready in the backend, every signed digest checked
+        (``UpdateRefused`` otherwise): a LoRA version as an adapter on its
+        base where the backend takes adapters (llama.cpp), any other rebuilt
+        into full weights (protocol.updates)."""
+        assert self.engine is not None and self.backend is not None
+        store, m = self.engine.store, self.engine.store.manifests[version]
+        prepare_lora = getattr(self.backend, "prepare_lora", None)
+        if m.format != updates.LORA or prepare_lora is None:
+            return self._prepare(m.model_config, store.rebuild(version))
+        base = store.base_of(version)
+        adapter = store.assemble(version)
+        updates.check_lora(m, adapter, base)
+
+        def base_weights() -> bytes:
+            assert base is not None
+            weights = updates.check_signed(base, store.assemble(base.version), None, None)
+            check_version(base.model_config, weights)
+            return weights
+
+        try:
+            return prepare_lora(m.model_config, codec.digest(base), base_weights, adapter)
+        except (ValueError, RuntimeError, SafetensorError) as exc:
+            raise Refused(f"could not load the weights: {exc}") from exc
 
     def _prepare(self, config_json: str, weights: bytes) -> Any:
         """Check a version, then build it in the backend; ``Refused`` if either fails."""

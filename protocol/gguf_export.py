@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -75,8 +76,6 @@ def write_gguf(
     """Write ``tensors`` (Hugging Face names, float32) as a llama.cpp GGUF at
     ``path``, atomically (a crash or a refusal leaves no file under that name),
     with the tokenizer of the GGUF file ``tokenizer_from`` if given."""
-    import gguf
-
     if dtype not in GGUF_DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {', '.join(GGUF_DTYPES)}")
     config = json.loads(config_json)
@@ -85,15 +84,26 @@ def write_gguf(
     unknown = set(tensors) - set(_tensor_names(config["num_hidden_layers"]))
     if unknown:
         raise UnsupportedModel(f"unexpected tensors: {sorted(unknown)[:5]}")
-    tmp = path.with_name(path.name + ".tmp")
-    writer = gguf.GGUFWriter(str(tmp), arch="llama")
-    try:
+    with atomic_writer(path) as writer:
         _add_hyperparameters(writer, config, dtype)
         if tokenizer_from is None:
             _add_vocabulary(writer, config)
         else:
             _copy_tokenizer(writer, tokenizer_from)
         _add_tensors(writer, config, tensors, dtype)
+
+
+@contextlib.contextmanager
+def atomic_writer(path: Path) -> Iterator[gguf.GGUFWriter]:
+    """A llama-architecture GGUF writer for ``path``: what the block adds is
+    written, fsynced and renamed into place when it ends; nothing is left
+    under ``path`` if it raises."""
+    import gguf
+
+    tmp = path.with_name(path.name + ".tmp")
+    writer = gguf.GGUFWriter(str(tmp), arch="llama")
+    try:
+        yield writer
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()

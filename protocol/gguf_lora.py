@@ -24,16 +24,14 @@ none.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from protocol.gguf_export import UnsupportedModel, _permute, _tensor_names
+from protocol.gguf_export import UnsupportedModel, _permute, _tensor_names, atomic_writer
 
 # base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight
 #   -> model.layers.3.self_attn.q_proj, "A"
@@ -61,10 +59,7 @@ def write_lora_gguf(config_json: str, adapter: dict[str, Any], alpha: float, pat
             raise UnsupportedModel(f"not a LoRA tensor of a llama matrix: {peft_name}")
         pairs.setdefault(base, {})[match["half"]] = _as_f32(tensor)
 
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    writer = gguf.GGUFWriter(str(tmp), arch="llama")
-    try:
+    with atomic_writer(Path(path)) as writer:
         writer.add_type(gguf.GGUFType.ADAPTER)
         writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
         writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
@@ -80,18 +75,6 @@ def write_lora_gguf(config_json: str, adapter: dict[str, Any], alpha: float, pat
                 b = _permute(b, kv_heads)
             writer.add_tensor(names[base] + ".lora_a", np.ascontiguousarray(a))
             writer.add_tensor(names[base] + ".lora_b", np.ascontiguousarray(b))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-    except BaseException:
-        with contextlib.suppress(Exception):
-            writer.close()
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
 
 
 def _as_f32(tensor: Any) -> np.ndarray:

@@ -4,6 +4,7 @@ Real parts: the learner's model and recompute, the node's GGUF export and
 llama.cpp. Skipped (with the reason) only where the ``llama`` extra is absent.
 """
 
+import copy
 import functools
 import json
 import math
@@ -157,9 +158,9 @@ def test_samples_stop_after_their_first_stop_token(tmp_path):
 def test_a_new_version_replaces_the_old_one_and_its_file(tmp_path):
     a, b = sharpened(0), sharpened(1)
     backend = llama("f32", tmp_path, a)
-    first = backend.loaded.path
+    first = backend.loaded.model.path
     backend.use(backend.prepare(config_json(b), weights(b)))
-    assert not first.exists() and backend.loaded.path.exists()
+    assert not first.exists() and backend.loaded.model.path.exists()
     w, _, _ = worst_difference(b, backend, random.Random(3), batches=1)
     assert w <= PARITY["f32"]
     backend.close()
@@ -180,3 +181,43 @@ def test_export_refuses_what_llama_cpp_cannot_run(tmp_path):
     with pytest.raises(ValueError, match="not one of"):
         write_gguf(config_json(model), tensors, tmp_path / "m.gguf", "q4_1")
     assert not list(tmp_path.iterdir())  # nothing half-written is left behind
+
+
+@pytest.mark.parametrize("dtype", ["f32", "q8_0"])
+def test_lora_versions_run_as_adapters_on_one_base(dtype, tmp_path):
+    """Each LoRA version is a llama.cpp adapter on the base loaded once; the
+    log-probs match the learner's PEFT model within the parity bound (f32) or
+    the verification tolerance (q8_0, whose base alone is quantised)."""
+    from echo_learner.lora import LoraSettings, adapter_bytes, state_bytes, wrap
+    from echo_node.backend_llama import LlamaBackend
+
+    base = trained()
+    frozen = state_bytes(base)
+    settings = LoraSettings(rank=4, alpha=8.0, dropout=0.0, targets=("q_proj", "k_proj", "v_proj", "o_proj",
+                                                                     "gate_proj", "up_proj", "down_proj"))
+    policy = wrap(copy.deepcopy(base), settings)
+    backend = LlamaBackend(dtype, threads=1, work_dir=tmp_path)
+    loads = []
+
+    def base_weights():
+        loads.append(1)
+        return frozen
+
+    for seed in (1, 2):
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in policy.named_parameters():
+                if "lora_" in name:
+                    p.copy_(0.1 * torch.randn(p.shape, generator=g))
+        backend.use(backend.prepare_lora(config_json(base), b"base", base_weights, adapter_bytes(policy, settings)))
+        worst, mean, tokens = worst_difference(policy.eval(), backend, random.Random(seed), batches=2)
+        print(f"llama.cpp {dtype} LoRA version {seed}: worst {worst:.2e} mean {mean:.2e} over {tokens} tokens")
+        if dtype in PARITY:
+            assert worst <= PARITY[dtype]
+        allowed = tolerance("llama", dtype)
+        assert worst < allowed.worst / 2 and mean < allowed.mean / 2
+    # The adapter moved the policy away from the base, and the base loaded once.
+    assert worst_difference(base, backend, random.Random(5), batches=1)[0] > 10 * PARITY["f32"]
+    assert len(loads) == 1
+    backend.close()
+    assert not list(tmp_path.iterdir())
