@@ -166,3 +166,22 @@ def model_after(steps):
     for v in range(steps):
         nudge(model, seed=v)
     return model
+
+
+def test_an_old_base_goes_once_no_kept_version_needs_it(tmp_path):
+    model = build_model(ModelShape())
+    pub = publisher(ratio=0.6)
+    store = VersionStore(tmp_path, learner_id=LEARNER.peer_id_str, keep=2)
+    formats = []
+    for v in range(5):
+        nudge(model, scale=0.5 if v == 3 else 1e-4, seed=v)  # v3 far from v0: a new base
+        m, chunks = pub.build(v, model)
+        formats.append(m.format)
+        store.add_manifest(m)
+        for i, c in enumerate(chunks):
+            store.write(v, i, c)
+    assert formats == ["safetensors", "delta", "delta", "safetensors", "delta"]
+    assert sorted(store.manifests) == [3, 4]
+    assert store.manifests[4].base_version == 3 and store.usable(4)
+    on_disk = {p.name for p in (tmp_path / "chunks").iterdir()}
+    assert on_disk == {h.hex() for v in (3, 4) for h in store.manifests[v].chunk_hashes}
