@@ -5,18 +5,19 @@ each policy version as a PEFT LoRA adapter (rank 16 on q/k/v/o/gate/up/down).
 Two ways to get it running, timed per version from the adapter tensors in hand
 to a context ready to generate:
 
-  merge    W += (alpha/r) * B @ A in torch (f32), the full safetensors bytes,
-           then the node's own ``LlamaBackend.prepare`` (GGUF export in the
-           node's dtype, model load, context) and ``use`` (frees the old one)
-  adapter  the base GGUF exported and loaded once (``base_export_load_s``);
-           per version ``protocol.gguf_lora.write_lora_gguf``, then
-           ``llama_adapter_lora_init`` and ``llama_set_adapters_lora`` on the
-           context already loaded, and the previous adapter freed
+  merge    ``protocol.updates.merge_lora`` (W += (alpha/r) * B @ A, f32, the
+           full safetensors bytes), then the node's ``LlamaBackend.prepare``
+           (GGUF export in the node's dtype, model load, context) and ``use``
+           (frees the old one): what a node did before adapters
+  adapter  the node's ``LlamaBackend.prepare_lora``: the base GGUF exported
+           and loaded once (``base_export_load_s``); per version the adapter
+           written as a GGUF adapter, loaded, and set on a fresh context of
+           the same model; ``use`` frees the previous version
 
 Median of 3 versions each, after a warm-up version, for f32 (what
 ``--dtype auto`` picks for this model when it fits) and q8_0. The same
 versions are decoded by both contexts (``switch_max_abs_dlogprob``: every
-version, after switching adapters without a reload), and rollout speed with
+version, each adapter on a fresh context of the one base model), and rollout speed with
 each (``decode_tok_s``: the adapter adds its low-rank matmuls to every token).
 
 Correctness at f32 with the high-level ``llama_cpp.Llama`` (``logits_all``,
@@ -29,7 +30,6 @@ GGUF, the base GGUF + ``lora_path`` and HF + PEFT in torch.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import statistics
 import sys
@@ -47,11 +47,13 @@ import torch  # noqa: E402
 from safetensors.numpy import load  # noqa: E402
 from safetensors.torch import save  # noqa: E402
 
+from echo_learner.lora import state_bytes  # noqa: E402
 from echo_learner.model import config_json, load_model  # noqa: E402
 from echo_node.backend_llama import GGML_TYPE_F32, LlamaBackend  # noqa: E402
 from echo_node.device import default_threads  # noqa: E402
 from protocol.gguf_export import write_gguf  # noqa: E402
 from protocol.gguf_lora import write_lora_gguf  # noqa: E402
+from protocol.updates import lora_metadata, merge_lora  # noqa: E402
 
 RANK, ALPHA = 16, 32
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -71,16 +73,9 @@ def random_adapter(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]
     return {k: v.detach().clone() for k, v in peft.get_peft_model_state_dict(model).items()}
 
 
-def merged_weights(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor]) -> bytes:
-    """The full model with ``adapter`` merged in, as safetensors bytes."""
-    state = dict(base)
-    for name, a in adapter.items():
-        if ".lora_A." not in name:
-            continue
-        target = name.removeprefix("base_model.model.").replace(".lora_A.weight", ".weight")
-        b = adapter[name.replace(".lora_A.", ".lora_B.")]
-        state[target] = torch.addmm(base[target], b, a, alpha=ALPHA / RANK)
-    return save(state)
+def adapter_file(adapter: dict[str, torch.Tensor]) -> bytes:
+    """The adapter as a LoRA version ships it (``protocol.updates``)."""
+    return save(adapter, metadata=lora_metadata(RANK, ALPHA))
 
 
 def prompt_logprobs(backend: LlamaBackend, ids: list[int]) -> np.ndarray:
@@ -104,46 +99,6 @@ def decode_speed(backend: LlamaBackend, ids: list[int]) -> float:
     return sum(len(s.tokens) for g in groups for s in g) / (time.perf_counter() - start)
 
 
-class AdapterNode:
-    """The base model loaded once; versions arrive as adapters."""
-
-    def __init__(self, dtype: str, threads: int, work_dir: Path, cfg: str, base_bytes: bytes):
-        self.backend = LlamaBackend(dtype, threads, work_dir)
-        self.cfg = cfg
-        self.work_dir = work_dir
-        self.adapter = None
-        self.n = 0
-        start = time.perf_counter()
-        self.backend.load(cfg, base_bytes)
-        self.base_seconds = time.perf_counter() - start
-
-    def switch(self, adapter: dict[str, torch.Tensor]) -> None:
-        assert self.backend.loaded is not None
-        self.n += 1
-        path = self.work_dir / f"adapter-{self.n}.gguf"
-        write_lora_gguf(self.cfg, adapter, ALPHA, path)
-        new = llama_cpp.llama_adapter_lora_init(self.backend.loaded.model, str(path).encode())
-        path.unlink()  # llama.cpp has read it into its own buffers
-        if not new:
-            raise RuntimeError("llama.cpp refused the adapter")
-        adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(new)
-        scales = (ctypes.c_float * 1)(1.0)
-        if llama_cpp.llama_set_adapters_lora(self.backend.loaded.ctx, adapters, 1, scales) != 0:
-            raise RuntimeError("llama.cpp could not set the adapter")
-        if self.adapter is not None:
-            llama_cpp.llama_adapter_lora_free(self.adapter)
-        self.adapter = new
-
-    def close(self) -> None:
-        self.backend.close()  # frees the model, and with it its adapters
-
-
-def timed(fn, *args) -> float:
-    start = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - start
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -154,44 +109,43 @@ def main() -> None:
 
     model, tok = load_model("smollm2")
     cfg = config_json(model)
-    tied = model.config.tie_word_embeddings
-    # As the learner publishes it (trainer.weights): lm_head re-tied by the receiver.
-    base = {k: v.detach().contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
-    base_bytes = save(base)
+    base_bytes = state_bytes(model)  # as the learner publishes the base
     pmodel = peft.get_peft_model(
         model, peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=TARGETS, lora_dropout=0.0)
     ).eval()
-    versions = [random_adapter(pmodel, seed) for seed in range(1 + args.versions)]
+    versions = [adapter_file(random_adapter(pmodel, seed)) for seed in range(1 + args.versions)]
     ids = tok(PROMPT, add_special_tokens=False)["input_ids"]
     out: dict = {
         "model": "SmolLM2-135M-Instruct", "rank": RANK, "alpha": ALPHA, "targets": TARGETS,
         "threads": threads, "torch_threads": torch.get_num_threads(), "prompt_tokens": len(ids),
         "versions_timed": args.versions,
-        "adapter_parameters": sum(v.numel() for v in versions[0].values()),
+        "adapter_parameters": sum(v.size for v in load(versions[0]).values()),
         "merged_safetensors_bytes": len(base_bytes),
         "per_version_s": {}, "base_export_load_s": {}, "switch_max_abs_dlogprob": {}, "decode_tok_s": {},
     }
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        write_lora_gguf(cfg, versions[0], ALPHA, work / "size.gguf")
+        write_lora_gguf(cfg, load(versions[0]), ALPHA, work / "size.gguf")
         out["adapter_gguf_bytes"] = (work / "size.gguf").stat().st_size
         (work / "size.gguf").unlink()
 
         for dtype in args.dtypes.split(","):
             merge = LlamaBackend(dtype, threads, work / f"merge-{dtype}")
-            node = AdapterNode(dtype, threads, work / f"adapter-{dtype}", cfg, base_bytes)
-            out["base_export_load_s"][dtype] = round(node.base_seconds, 3)
+            node = LlamaBackend(dtype, threads, work / f"adapter-{dtype}")
             merge_s, prepare_s, adapter_s, diffs = [], [], [], []
             for v, adapter in enumerate(versions):
                 t0 = time.perf_counter()
-                weights = merged_weights(base, adapter)
+                weights = merge_lora(base_bytes, adapter)
                 t1 = time.perf_counter()
                 merge.load(cfg, weights)
                 t2 = time.perf_counter()
                 del weights
-                b = timed(node.switch, adapter)
-                diffs.append(float(np.abs(prompt_logprobs(merge, ids) - prompt_logprobs(node.backend, ids)).max()))
+                node.use(node.prepare_lora(cfg, b"base", lambda: base_bytes, adapter))
+                b = time.perf_counter() - t2
+                if v == 0:  # the base is exported and loaded with the first version
+                    out["base_export_load_s"][dtype] = round(b, 3)
+                diffs.append(float(np.abs(prompt_logprobs(merge, ids) - prompt_logprobs(node, ids)).max()))
                 if v > 0:  # version 0 warms up
                     merge_s.append(t1 - t0)
                     prepare_s.append(t2 - t1)
@@ -209,21 +163,21 @@ def main() -> None:
             out["switch_max_abs_dlogprob"][dtype] = round(max(diffs), 6)
             out["decode_tok_s"][dtype] = {
                 "merged": round(decode_speed(merge, ids), 1),
-                "adapter": round(decode_speed(node.backend, ids), 1),
+                "adapter": round(decode_speed(node, ids), 1),
             }
             merge.close()
             node.close()
 
-        out["correctness_f32"] = correctness(cfg, base, versions[0], pmodel, ids, work, threads)
+        out["correctness_f32"] = correctness(cfg, base_bytes, versions[0], pmodel, ids, work, threads)
     print(json.dumps(out, indent=None if args.json else 2))
 
 
-def correctness(cfg: str, base: dict, adapter: dict, pmodel, ids: list[int], work: Path, threads: int) -> dict:
+def correctness(cfg: str, base: bytes, adapter: bytes, pmodel, ids: list[int], work: Path, threads: int) -> dict:
     """Max |d log-prob| on the prompt: merged GGUF vs base GGUF + adapter vs HF + PEFT (f32)."""
     merged_path, base_path, lora_path = work / "merged.gguf", work / "base.gguf", work / "lora.gguf"
-    write_gguf(cfg, load(merged_weights(base, adapter)), merged_path, "f32")
-    write_gguf(cfg, load(save(base)), base_path, "f32")
-    write_lora_gguf(cfg, adapter, ALPHA, lora_path)
+    write_gguf(cfg, load(merge_lora(base, adapter)), merged_path, "f32")
+    write_gguf(cfg, load(base), base_path, "f32")
+    write_lora_gguf(cfg, load(adapter), ALPHA, lora_path)
 
     def run(**kw) -> np.ndarray:
         llm = llama_cpp.Llama(
@@ -238,7 +192,7 @@ def correctness(cfg: str, base: dict, adapter: dict, pmodel, ids: list[int], wor
     merged = run(model_path=str(merged_path))
     with_lora = run(model_path=str(base_path), lora_path=str(lora_path))
     plain = run(model_path=str(base_path))
-    peft.set_peft_model_state_dict(pmodel, adapter)
+    peft.set_peft_model_state_dict(pmodel, {k: torch.from_numpy(v) for k, v in load(adapter).items()})
     with torch.no_grad():
         hf = log_softmax(pmodel(torch.tensor([ids])).logits[0].numpy())
     return {

@@ -15,7 +15,6 @@ step decodes one token of every unfinished sequence together.
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -127,8 +126,8 @@ class LlamaBackend:
     ) -> Loaded:
         """A LoRA version: its adapter (safetensors, ``protocol.updates``) as a
         llama.cpp adapter on the base model, loaded once per base
-        (``base_weights`` is called only then). 0.03 s a version for
-        SmolLM2-135M where merging and exporting the whole model takes 1.6 s
+        (``base_weights`` is called only then). 0.14 s a version for
+        SmolLM2-135M where merging and exporting the whole model takes 1.2 s
         (bench/lora_gguf.py)."""
         base = self._base if self._base is not None and self._base.key == base_key else None
         if base is None:
@@ -138,10 +137,10 @@ class LlamaBackend:
                 self._base.release()
             base.users += 1  # held by the backend until another base replaces it
             self._base = base
-        meta = json.loads(updates.metadata(adapter)["lora"])
+        _rank, alpha = updates.lora_settings(adapter)
         self.prepared += 1
         path = self.work_dir / f"policy-{self.prepared}-lora.gguf"
-        write_lora_gguf(config_json, load(adapter), float(meta["alpha"]), path)
+        write_lora_gguf(config_json, load(adapter), alpha, path)
         lora = llama_cpp.llama_adapter_lora_init(base.handle, str(path).encode())
         path.unlink()  # llama.cpp has read it into its own buffers
         if not lora:

@@ -112,15 +112,12 @@ def merge_lora(base: bytes, adapter: bytes) -> bytes:
     from safetensors import SafetensorError
     from safetensors.torch import load, save  # torch: only where weights are merged
 
+    rank, alpha = lora_settings(adapter)
     try:
         weights = load(base)
         lora = load(adapter)
-        meta = json.loads(metadata(adapter)["lora"])
-        rank, alpha = int(meta["rank"]), float(meta["alpha"])
-    except (SafetensorError, KeyError, TypeError, ValueError) as exc:
-        raise UpdateRefused(f"not a LoRA adapter file: {exc}") from exc
-    if rank <= 0:
-        raise UpdateRefused(f"adapter rank {rank}")
+    except SafetensorError as exc:
+        raise UpdateRefused(f"not a safetensors file: {exc}") from exc
     scale = alpha / rank
     for name_a in sorted(k for k in lora if k.endswith(".lora_A.weight")):
         prefix = name_a[: -len(".lora_A.weight")]
@@ -131,6 +128,18 @@ def merge_lora(base: bytes, adapter: bytes) -> bytes:
             raise UpdateRefused(f"adapter tensor {prefix} does not fit the base model")
         weights[target] = (w + scale * (b.float() @ a.float())).to(w.dtype).contiguous()
     return save(weights)
+
+
+def lora_settings(adapter: bytes) -> tuple[int, float]:
+    """An adapter file's rank and alpha; ``UpdateRefused`` if it has none."""
+    try:
+        meta = json.loads(metadata(adapter)["lora"])
+        rank, alpha = int(meta["rank"]), float(meta["alpha"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UpdateRefused(f"not a LoRA adapter file: {exc}") from exc
+    if rank <= 0:
+        raise UpdateRefused(f"adapter rank {rank}")
+    return rank, alpha
 
 
 def metadata(data: bytes) -> dict[str, str]:

@@ -94,10 +94,17 @@ class VersionStore:
 
     def rebuild(self, version: int) -> bytes:
         """The full weights of a usable version (``protocol.updates.rebuild``)."""
+        return updates.rebuild(*self._parts(version))
+
+    def check_signed(self, version: int) -> None:
+        """``UpdateRefused`` unless every byte of a usable version and its base
+        is as signed (``protocol.updates.check_signed``; no LoRA merge)."""
+        updates.check_signed(*self._parts(version))
+
+    def _parts(self, version: int) -> tuple[Manifest, bytes, Manifest | None, bytes | None]:
         m = self.manifests[version]
         base = self.base_of(version) if m.base_version >= 0 else None
-        return updates.rebuild(m, self.assemble(version), base,
-                               None if base is None else self.assemble(base.version))
+        return m, self.assemble(version), base, None if base is None else self.assemble(base.version)
 
     def read(self, version: int, idx: int) -> bytes | None:
         """Chunk ``idx`` of ``version`` if held (None otherwise)."""
