@@ -36,7 +36,8 @@ def main() -> None:
     parser.add_argument("--chunk-kib", type=int, default=512)
     parser.add_argument("--no-relay", action="store_true", help="never serve (star baseline)")
     parser.add_argument("--corrupt", action="store_true", help="serve corrupted chunks (tests)")
-    parser.add_argument("--stall", action="store_true", help="never answer chunk requests (tests)")
+    parser.add_argument("--stall", action="store_true",
+                        help="announce every chunk, download nothing and never answer chunk requests")
     parser.add_argument("--request-timeout-s", type=float, default=10.0)
     parser.add_argument("--keep", type=int, default=2)
     parser.add_argument("--update-fraction", type=float, default=0.0,
@@ -58,7 +59,10 @@ def main() -> None:
     import trio
 
     from protocol import manifest as manifests, updates
+    from protocol.broadcast import bitfield
     from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
+    from protocol.broadcast.serving import manifest_digest
+    from protocol.wire.have import Have
     from protocol.broadcast.store import VersionStore
     from libp2p.peer.id import ID
 
@@ -193,7 +197,8 @@ def main() -> None:
         engine.store.read = bad_read
 
     def stall(engine) -> None:
-        """Accept chunk requests and never answer them (a stalled peer)."""
+        """Announce every chunk of the newest version, download nothing, accept
+        chunk requests and never answer them (a stalling or lying peer)."""
         answer = engine.server.answer
 
         async def silent(stream, req) -> None:
@@ -201,7 +206,20 @@ def main() -> None:
                 await trio.sleep_forever()
             await answer(stream, req)
 
+        def claim_everything() -> Have:
+            m = engine.target
+            if m is None:
+                return Have(args.job_id, -1, b"", b"")
+            n = len(m.chunk_hashes)
+            return Have(args.job_id, m.version, manifest_digest(m), bitfield.encode(range(n), n))
+
+        def follow_without_downloading(m) -> None:
+            engine.target = m
+            engine._poke_local()  # announce it, and wake follow() to report it
+
         engine.server.answer = silent
+        engine._my_have = claim_everything
+        engine._start_download = follow_without_downloading
 
     profile_to = os.environ.get("BENCH_PROFILE_DIR")
     if profile_to:  # where a node spends its CPU, for tuning the engine

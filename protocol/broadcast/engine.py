@@ -10,7 +10,8 @@
 - Follows the newest version any neighbour announces: fetches its manifest
   (checked against the learner's key), then downloads its chunks from
   neighbours as ``scheduler.Download`` decides. A request that makes no
-  progress for ``stall_s`` (or brings no byte in ``request_timeout_s``) is
+  progress for ``stall_s`` (or brings no byte in a few typical request
+  times, ``Download.request_timeout``) is
   cancelled and reissued elsewhere, and its peer dropped for that version and
   struck (the learner only rests: it is busy, not hostile); ``stalls_to_ban``
   strikes, a chunk that fails its hash, or a denied chunk the peer announces,
@@ -66,6 +67,14 @@ MAX_TRUSTED = 4096
 PEER_ERRORS = (ProtocolError, StreamError, SwarmException, HostException, RequestFailed, OSError)
 
 
+@dataclass
+class _OpenRequest:
+    scope: trio.CancelScope
+    started: float
+    guessed: bool  # its timeout is the first guess, made before any request time was measured
+    received: int = 0  # bytes so far
+
+
 class VersionTooLarge(RequestFailed):
     """A signed manifest asks for more disk than ``max_version_bytes`` allows."""
 
@@ -80,9 +89,19 @@ class BroadcastConfig:
     upload_slots: int = 2
     upload_queue: int = 4
     max_peers: int = 16
+    # A fast uplink serves more at once and keeps more neighbours: one upload
+    # slot per slot_mbit of capped upload (at least upload_slots, the queue
+    # growing alike), and max_peers per peers_mbit (up to max_peers_limit).
+    # Each chunk's rate is also held back by its requester's downlink, so a
+    # 200 Mbit/s uplink with two slots idled at ~20 % in the simulator, with
+    # 16 neighbours it had too few requesters to serve.
+    slot_mbit: float = 10.0
+    peers_mbit: float = 20.0
+    max_peers_limit: int = 128
     # Once a chunk's bytes flow, a gap this long means the peer stalled and
     # the request is reissued elsewhere (below yamux's 5 s reset). Before the
-    # first byte (queued at the uploader) the wait is request_timeout_s.
+    # first byte (queued at the uploader) the wait follows the measured
+    # request times (SchedulerConfig.timeout_*).
     stall_s: float = 3.0
     # Neighbour discovery runs this often, backing off (doubling) to
     # discover_max_interval_s while it finds nobody new.
@@ -108,6 +127,24 @@ class BroadcastConfig:
     # baseline of bench/broadcast.py, where only the seed uploads).
     relay: bool = True
     scheduler: SchedulerConfig = SchedulerConfig()
+
+    def slots(self, upload_mbit: float) -> int:
+        """Concurrent uploads for an uplink of ``upload_mbit`` (0: unknown)."""
+        return max(self.upload_slots, round(upload_mbit / self.slot_mbit))
+
+    def admitted(self, upload_mbit: float, *, seed: bool = False) -> int:
+        """Uploads admitted at once (running and queued). The seed admits
+        every request its neighbours may have open, since a ``busy`` answer
+        makes a requester rest: it would then get fewer fresh chunks to relay."""
+        if seed:
+            return self.neighbour_limit(upload_mbit) * self.scheduler.max_in_flight_per_peer
+        slots = self.slots(upload_mbit)
+        return slots + self.upload_queue * slots // self.upload_slots
+
+    def neighbour_limit(self, upload_mbit: float) -> int:
+        """Most neighbours for an uplink of ``upload_mbit`` (0: unknown)."""
+        scaled = round(self.max_peers * upload_mbit / self.peers_mbit)
+        return max(self.max_peers, min(self.max_peers_limit, scaled))
 
 
 @dataclass
@@ -140,6 +177,7 @@ class BroadcastEngine:
         self.is_seed = is_seed
         self.config = config
         self.me = swarm.host.get_id().to_base58()
+        self.max_neighbours = config.neighbour_limit(config.max_upload_mbit)
         self.stats = Stats()
         self.neighbours: dict[str, Have | None] = {}  # peer -> its latest Have
         self.download: Download | None = None
@@ -152,7 +190,7 @@ class BroadcastEngine:
         self._lanes: dict[str, list[INetStream]] = {}
         self._learning: set[int] = set()
         self._relayed: set[str] = set()  # neighbours reached only through a relay
-        self._open: dict[tuple[str, int], trio.CancelScope] = {}  # chunk requests under way
+        self._open: dict[tuple[str, int], _OpenRequest] = {}  # chunk requests under way
         # Peers that have sent us a good chunk: asked first, and given a second
         # chance after a stall.
         self._trusted: set[str] = set()
@@ -293,7 +331,7 @@ class BroadcastEngine:
         peer = info.peer_id.to_base58()
         if peer == self.me or peer in self.neighbours:
             return
-        if len(self.neighbours) >= self.config.max_peers or self._waits_to_be_dialled(info):
+        if len(self.neighbours) >= self.max_neighbours or self._waits_to_be_dialled(info):
             return
         self.neighbours[peer] = None  # reserve: no second dial while this one runs
         event(log, logging.DEBUG, "dialling peer", peer=peer, addrs=[str(a) for a in info.addrs])
@@ -322,10 +360,19 @@ class BroadcastEngine:
 
     # --- notifications -------------------------------------------------------------
 
-    def _poke_local(self) -> None:
-        """Our holdings changed: have-writers send, waiters re-check."""
+    def offer_changed(self) -> None:
+        """The seed offers other chunks now: have-writers send."""
         self._local_changed.set()
         self._local_changed = trio.Event()
+
+    @property
+    def relayed_peers(self) -> set[str]:
+        """Neighbours reached only through a relay."""
+        return self._relayed
+
+    def _poke_local(self) -> None:
+        """Our holdings changed: have-writers send, waiters re-check."""
+        self.offer_changed()
         self._progress.set()
         self._progress = trio.Event()
         self._poke_downloader()
@@ -341,13 +388,19 @@ class BroadcastEngine:
         if m is None:
             return Have(self.job_id, -1, b"", b"")
         held = self.store.chunks_held(m.version) if self.config.relay or self.is_seed else ()
+        if self.is_seed:
+            # The seed announces what it offers: the chunks it has pushed
+            # least often (scheduler.UploadPolicy), so requesters ask it for
+            # what the swarm lacks.
+            offered = self.server.offered(m.version)
+            held = held if offered is None else offered
         return Have(
             self.job_id, m.version, manifest_digest(m), bitfield.encode(held, len(m.chunk_hashes))
         )
 
     async def _on_have_stream(self, stream: INetStream) -> None:
         peer = remote_peer(stream)
-        if peer in self.neighbours or len(self.neighbours) >= self.config.max_peers:
+        if peer in self.neighbours or len(self.neighbours) >= self.max_neighbours:
             await stream.close()
             return
         self.neighbours[peer] = None
@@ -490,13 +543,21 @@ class BroadcastEngine:
                 for peer, idx in d.next_requests(now):
                     self._nursery.start_soon(self._fetch_chunk, d, m, peer, idx)
                 deadline = d.next_wakeup(now)
+                # A request sent before any request time was measured waits
+                # a first guess; once one is measured, it gets a measured
+                # timeout (a stalling peer asked first need not be waited out).
+                if d.durations:
+                    for (peer, _), request in self._open.items():
+                        if request.guessed and not request.received:
+                            request.scope.deadline = request.started + d.request_timeout(peer)
+                            request.guessed = False
             with trio.move_on_at(deadline):
                 await wake.wait()
 
     async def _fetch_chunk(self, d: Download, m: Manifest, peer: str, idx: int) -> None:
         outcome = "failed"
         try:
-            outcome = await self._request_chunk(m, peer, idx)
+            outcome = await self._request_chunk(m, peer, idx, d.request_timeout(peer))
         except PEER_ERRORS as exc:
             event(log, logging.DEBUG, "chunk request failed", peer=peer, idx=idx, error=exc)
         now = trio.current_time()
@@ -508,9 +569,9 @@ class BroadcastEngine:
             self._trusted.add(peer)
             # An endgame copy got here first: the other request ends now, and
             # a peer that sent no byte of it while the copy came is stalling.
-            for (other, i), request_scope in list(self._open.items()):
+            for (other, i), request in list(self._open.items()):
                 if i == idx and other != peer:
-                    request_scope.cancel()
+                    request.scope.cancel()
             if self.store.complete(m.version):
                 self.stats.completed_at.setdefault(m.version, time.time())
                 queued, self._queued = self._queued, None
@@ -561,19 +622,20 @@ class BroadcastEngine:
         if self.download is not None:
             self.download.drop(peer)
 
-    async def _request_chunk(self, m: Manifest, peer: str, idx: int) -> str:
-        """One chunk request; returns ok, busy, ask_others, bad, denied, stalled,
+    async def _request_chunk(self, m: Manifest, peer: str, idx: int, timeout_s: float) -> str:
+        """One chunk request; returns ok, busy, ask_others, bad, denied, stalled
+        (no byte within ``timeout_s``, or none for ``stall_s`` once they flow),
         overtaken (another peer's copy came first) or failed."""
         lanes = self._lanes.setdefault(peer, [])
         stream = lanes.pop() if lanes else None
         reusable = False
-        received = 0
-        with trio.CancelScope(deadline=trio.current_time() + self.config.request_timeout_s) as scope:
-            self._open[(peer, idx)] = scope
+        started = trio.current_time()
+        with trio.CancelScope(deadline=started + timeout_s) as scope:
+            guessed = self.download is None or not self.download.durations
+            request = self._open[(peer, idx)] = _OpenRequest(scope, started, guessed)
 
             def progress(n: int) -> None:
-                nonlocal received
-                received += n
+                request.received += n
                 scope.deadline = trio.current_time() + self.config.stall_s
 
             try:
@@ -588,7 +650,7 @@ class BroadcastEngine:
                 elif stream is not None:
                     await _discard(stream)
         if scope.cancelled_caught:
-            if idx in self.store.chunks_held(m.version) and received:
+            if idx in self.store.chunks_held(m.version) and request.received:
                 return "overtaken"
             self.stats.stalls[peer] += 1
             event(log, logging.INFO, "peer stalled; reissuing", peer=peer, chunk=idx)
@@ -656,7 +718,7 @@ class BroadcastEngine:
             new = set(found) - known
             known |= new
             others = len(found) - (self.me in found)
-            enough = len(self.neighbours) >= min(self.config.max_peers, others)
+            enough = len(self.neighbours) >= min(self.max_neighbours, others)
             if enough:
                 interval = self.config.discover_max_interval_s
             elif new:

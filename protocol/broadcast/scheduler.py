@@ -2,21 +2,25 @@
 
 ``Download`` decides, for one process fetching one version, which chunk to
 request from which peer: rarest first (the chunk the fewest peers announce),
-ties broken by a per-process random order so that processes spread out,
-peers reached only through a relay only when no directly connected holder
-is free, the seed (the learner) only when no other peer has the chunk, at most
-``max_in_flight_per_peer`` requests per peer and ``max_in_flight`` in all.
-Peers that have served us before are asked before strangers.
+ties broken by a per-process random order so that processes spread out; from
+the holder expected to deliver it soonest, by the throughput each peer has
+given us (peers reached only through a relay only when no directly connected
+holder is free); at most ``max_in_flight_per_peer`` requests per peer and
+``max_in_flight`` in all. Peers that have served us before are asked before
+strangers, and strangers get few requests (they may announce chunks they
+never send). A request with no answer after a few typical request times
+(``request_timeout``) is abandoned and its peer dropped for the version.
 Endgame: once every missing chunk is requested, a request older than
 ``endgame_after_s`` is also sent to a holder that has proven it serves, so one
 slow or stalling peer cannot hold up the version's last chunks. A peer that
 stalls or sends a wrong chunk is dropped for the version.
 
 ``UploadPolicy`` decides which requests a process admits: a bounded queue,
-and for the seed, a chunk that the swarm can relay
-is uploaded again only after every chunk has been uploaded as often. The seed
-thus pushes each chunk into the swarm once before it sends any chunk twice,
-and the swarm does the relaying.
+and for the seed, rounds: it offers (announces) only the chunks it has pushed
+least often, so each chunk enters the swarm once before any goes twice, and
+in the first round it pushes only to peers that can relay (not to peers
+reached through a relay, whose uplink is capped). The swarm does the
+relaying.
 
 The real engine (``protocol.broadcast.engine``) and the simulator
 (``bench/broadcast_sim.py``) both drive these two classes; time is whatever
@@ -25,11 +29,15 @@ The real engine (``protocol.broadcast.engine``) and the simulator
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import random
 import statistics
 from collections import Counter, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,22 @@ class SchedulerConfig:
     endgame_after_s: float = 2.0
     endgame_factor: float = 4.0
     endgame_min_s: float = 0.25
+    # A peer that has not yet sent us a chunk of this version, and never any
+    # chunk before, gets at most this many requests, and all such peers
+    # together at most max_stranger_requests: a peer that announces every
+    # chunk and sends none then holds few of our requests while it times out.
+    max_in_flight_per_stranger: int = 1
+    max_stranger_requests: int = 4
+    # A request with no answer after timeout_factor times its expected
+    # duration (the peer's measured throughput, else the median request
+    # time; timeout_initial_s before anything is measured), clamped to
+    # [timeout_min_s, timeout_max_s], is abandoned as a stall.
+    timeout_factor: float = 4.0
+    timeout_initial_s: float = 3.0
+    timeout_min_s: float = 2.0
+    timeout_max_s: float = 10.0
+    # Weight of the newest sample in a peer's throughput average.
+    speed_weight: float = 0.3
 
 
 @dataclass
@@ -68,6 +92,10 @@ class _Peer:
     declined: dict[int, float] = field(default_factory=dict)
     busy_streak: int = 0
     delivered: int = 0  # chunks of this version it sent us
+    # Chunks per second this peer has given us (moving average; 0: not yet
+    # measured), and when each open request to it started.
+    speed: float = 0.0
+    started: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -100,6 +128,7 @@ class Download:
     rested: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._typical_s = 0.0  # the median of durations
         order = list(range(self.n_chunks))
         self.rng.shuffle(order)
         self._tiebreak = {idx: pos for pos, idx in enumerate(order)}
@@ -161,10 +190,9 @@ class Download:
         usable = {
             p: s
             for p, s in self.peers.items()
-            if not s.banned
-            and s.resting_until <= now
-            and s.in_flight < self.config.max_in_flight_per_peer
+            if not s.banned and s.resting_until <= now and s.in_flight < self._limit(p, s)
         }
+        self._cap_strangers(usable)
         if not usable:
             return []
         counts = self.counts
@@ -174,9 +202,10 @@ class Download:
             if n > 0 and idx not in self.have and idx not in self.in_flight and idx not in self.duplicates
         ]
         wanted.sort(key=lambda idx: (counts[idx], self._tiebreak[idx]))
+        typical = self._typical_speed()
         out: list[tuple[str, int]] = []
         for idx in wanted:
-            peer = self._pick(idx, usable, now)
+            peer = self._pick(idx, usable, now, typical)
             if peer is None:
                 continue
             self._start(peer, idx, usable, now)
@@ -190,7 +219,8 @@ class Download:
                 too_young = now - self.requested_at[idx] < self.endgame_after_s
                 if too_young or idx in self.duplicates or idx in self.have:
                     continue
-                peer = self._pick(idx, {p: s for p, s in usable.items() if p != first}, now, endgame=True)
+                others = {p: s for p, s in usable.items() if p != first}
+                peer = self._pick(idx, others, now, typical, endgame=True)
                 if peer is None:
                     continue
                 self._start(peer, idx, usable, now)
@@ -200,7 +230,30 @@ class Download:
                     break
         return out
 
-    def _pick(self, idx: int, usable: dict[str, _Peer], now: float, endgame: bool = False) -> str | None:
+    def _stranger(self, peer: str, state: _Peer) -> bool:
+        """Has ``peer`` never sent us a good chunk (and is not the seed)?"""
+        return not state.delivered and peer not in self.trusted and peer != self.seed
+
+    def _limit(self, peer: str, state: _Peer) -> int:
+        c = self.config
+        return c.max_in_flight_per_stranger if self._stranger(peer, state) else c.max_in_flight_per_peer
+
+    def _cap_strangers(self, usable: dict[str, _Peer]) -> None:
+        """Take strangers out of ``usable`` once they hold their share of our requests."""
+        strangers = [p for p, s in self.peers.items() if self._stranger(p, s)]
+        if sum(self.peers[p].in_flight for p in strangers) >= self.config.max_stranger_requests:
+            for p in strangers:
+                usable.pop(p, None)
+
+    def _typical_speed(self) -> float:
+        """The median measured throughput of our peers: what a peer not yet
+        measured is assumed to give (1.0 when nothing is measured)."""
+        speeds = [s.speed for s in self.peers.values() if s.speed and not s.banned]
+        return statistics.median(speeds) if speeds else 1.0
+
+    def _pick(
+        self, idx: int, usable: dict[str, _Peer], now: float, typical: float, endgame: bool = False
+    ) -> str | None:
         holders = [p for p, s in usable.items() if idx in s.chunks and s.declined.get(idx, 0.0) <= now]
         if not holders:
             return None
@@ -212,16 +265,22 @@ class Download:
             if not proven:
                 return None
             return min(proven, key=lambda p: (p == self.seed, usable[p].in_flight, self.rng.random()))
+
+        def expected_s(p: str) -> float:
+            """When a new request to ``p`` should be done, at its measured rate."""
+            state = usable[p]
+            return (state.in_flight + 1) / (state.speed or typical)
+
         # A directly connected holder first, then one that has served us
         # before (a stranger only while those are at their request limit),
-        # then the least busy; the seed only breaks ties last, so that other
-        # peers take load first but the seed's upload never idles.
+        # then the one expected to deliver soonest; the seed only breaks ties
+        # last, so that other peers take load first.
         return min(
             holders,
             key=lambda p: (
                 p in self.relayed,
                 bool(self.trusted) and p not in self.trusted,
-                usable[p].in_flight,
+                expected_s(p),
                 p == self.seed,
                 self.rng.random(),
             ),
@@ -230,9 +289,28 @@ class Download:
     def _start(self, peer: str, idx: int, usable: dict[str, _Peer], now: float) -> None:
         state = usable[peer]
         state.in_flight += 1
-        if state.in_flight >= self.config.max_in_flight_per_peer:
+        state.started[idx] = now
+        if state.in_flight >= self._limit(peer, state):
             del usable[peer]
+        if self._stranger(peer, state):
+            self._cap_strangers(usable)
         self.requested_at.setdefault(idx, now)
+
+    def request_timeout(self, peer: str) -> float:
+        """How long a request to ``peer`` may go unanswered before it counts as
+        a stall: a few times what it should take at the rate ``peer`` has
+        given us, or else at the typical request time."""
+        c = self.config
+        state = self.peers.get(peer)
+        if state is not None and state.speed:
+            expected = max(1, state.in_flight) / state.speed
+        elif peer in self.relayed:
+            return c.timeout_max_s  # a relay's capped share may be far below the typical peer's
+        elif self.durations:
+            expected = self._typical_s
+        else:
+            return c.timeout_initial_s
+        return min(c.timeout_max_s, max(c.timeout_min_s, c.timeout_factor * expected))
 
     @property
     def endgame_after_s(self) -> float:
@@ -240,7 +318,7 @@ class Download:
         c = self.config
         if not self.durations:
             return c.endgame_after_s
-        return max(c.endgame_min_s, c.endgame_factor * statistics.median(self.durations))
+        return max(c.endgame_min_s, c.endgame_factor * self._typical_s)
 
     def next_wakeup(self, now: float) -> float:
         """When a resting peer or declined chunk becomes usable again, or a
@@ -252,16 +330,20 @@ class Download:
             for t in (s.resting_until, *s.declined.values())
             if t > now
         ]
+        after = self.endgame_after_s
         times += [
-            self.requested_at[idx] + self.endgame_after_s
+            self.requested_at[idx] + after
             for idx in self.in_flight
-            if idx not in self.duplicates and self.requested_at[idx] + self.endgame_after_s > now
+            if idx not in self.duplicates and self.requested_at[idx] + after > now
         ]
         return min(times, default=math.inf)
 
     # --- how requests end ----------------------------------------------------------
 
     def _finish(self, peer: str, idx: int) -> None:
+        state = self.peers.get(peer)
+        if state is not None:
+            state.started.pop(idx, None)
         if self.in_flight.get(idx) == peer:
             del self.in_flight[idx]
             if idx in self.duplicates:  # the endgame copy carries on as the request
@@ -270,7 +352,6 @@ class Download:
             del self.duplicates[idx]
         if idx not in self.in_flight:
             self.requested_at.pop(idx, None)
-        state = self.peers.get(peer)
         if state is not None and state.in_flight > 0:
             state.in_flight -= 1
 
@@ -278,9 +359,17 @@ class Download:
         """Chunk ``idx`` arrived from ``peer`` (at ``now``) and matched its hash."""
         if now is not None and self.in_flight.get(idx) == peer and idx not in self.duplicates:
             self.durations.append(now - self.requested_at[idx])
+            self._typical_s = statistics.median(self.durations)
+        state = self.peers.get(peer)
+        started = state.started.get(idx) if state is not None else None
+        if state is not None and now is not None and started is not None and now > started:
+            # Requests to one peer share its upload: n open requests that each
+            # took t seconds mean n / t chunks per second.
+            sample = max(1, state.in_flight) / (now - started)
+            w = self.config.speed_weight
+            state.speed = sample if not state.speed else (1 - w) * state.speed + w * sample
         self._finish(peer, idx)
         self.have.add(idx)
-        state = self.peers.get(peer)
         if state is not None:
             state.busy_streak = 0
             state.delivered += 1
@@ -325,7 +414,7 @@ class Download:
             state.resting_until = now + self.config.failure_backoff_s
 
 
-MAX_ADVISED = 65536
+MAX_REQUESTERS = 4096
 
 
 @dataclass
@@ -336,50 +425,134 @@ class UploadPolicy:
     uploads (few slots: each chunk crosses a hop quickly, so relays can pass
     it on sooner). At most ``max_admitted`` are admitted at once; beyond that
     the answer is ``busy``.
+
+    The seed works in rounds. It announces only the chunks it has pushed
+    least often (``offered``), so requesters ask it for chunks the swarm lacks
+    rather than copies of what is already relayed (BitTorrent's
+    super-seeding); a chunk that leaves with the only peer holding it comes
+    back in the next round. In the first round it uploads only to peers that
+    can relay (``weak``: reached only through a relay, whose uplink is
+    capped): a chunk pushed only to them would spread slowly.
     """
 
     n_chunks: int
     max_admitted: int
     is_seed: bool
     admitted: int = 0
-    served: list[int] = field(default_factory=list)
-    uploading: dict[int, int] = field(default_factory=dict)
-    advised: set[tuple[str, int]] = field(default_factory=set)  # (peer, chunk) told ask_others
+    served: list[int] = field(default_factory=list)  # copies of each chunk sent or being sent
+    delivered: list[int] = field(default_factory=list)  # copies of each chunk sent in full
 
     def __post_init__(self) -> None:
         self.served = [0] * self.n_chunks
+        self.delivered = [0] * self.n_chunks
+        # Round r: every chunk has been sent r times in full; the seed offers
+        # the chunks with no copy sent or on its way in this round. The next
+        # round starts only once the last copy of this one has gone out, so
+        # that second copies do not share the uplink with the last first ones.
+        self._round = 0
+        self._behind = self.n_chunks  # chunks delivered only ``_round`` times
+        self._offered = frozenset(range(self.n_chunks))
+        self._sent_to: dict[str, int] = {}  # the seed: chunks admitted per requester
 
-    def allow(self, idx: int, holders: int, peer: str = "") -> str:
-        """May this process serve chunk ``idx`` (to ``peer``)? ``holders``: how
-        many neighbours announce it.
+    def offered(self) -> frozenset[int]:
+        """The chunks to announce: all of them, or for the seed those not yet
+        sent in this round."""
+        return self._offered
 
-        ``ok`` (admit it, then call ``finished``), ``busy`` (queue full) or
-        ``ask_others``: the seed has pushed this chunk more often than some
-        other chunk and the swarm can relay it (a neighbour holds it or is
-        receiving it from us right now). That is advice, given each peer once
-        per chunk: a peer that asks again found no one else to serve it (the
-        neighbours that announce the chunk may be lying).
+    def _next_round(self) -> None:
+        self._round = min(self.delivered)
+        self._behind = sum(1 for n in self.delivered if n == self._round)
+        self._offered = frozenset(i for i, n in enumerate(self.served) if n == self._round)
+
+    def priority(self, peer: str, holders: int) -> int:
+        """Where a request admitted for ``peer`` waits in the ``UploadQueue``:
+        a relay puts the chunk fewer neighbours hold (``holders``) first; the
+        seed, the requester it has sent fewer chunks, so that fresh chunks
+        spread evenly over the peers that relay them."""
+        return self._sent_to.get(peer, 0) if self.is_seed else holders
+
+    def allow(self, idx: int, weak: bool = False, peer: str = "") -> str:
+        """May this process serve chunk ``idx`` to ``peer`` now? ``weak``:
+        the requester is reached only through a relay.
+
+        ``ok`` (admit it, then call ``finished``), ``busy`` (queue full, or
+        the seed's first round and a weak requester) or ``ask_others``: the
+        seed has pushed this chunk in this round already (it no longer offers
+        it; the requester saw an older Have) and the swarm relays it. A chunk
+        whose holders left, or lie about holding it, comes from the seed in
+        the next round, when the seed offers it again.
         """
         if self.admitted >= self.max_admitted:
             return "busy"
-        if (
-            self.is_seed
-            and self.served[idx] > min(self.served)
-            and (holders > 0 or self.uploading.get(idx, 0) > 0)
-            and (peer, idx) not in self.advised
-        ):
-            if len(self.advised) >= MAX_ADVISED:  # bounded; forgetting only means advising again
-                self.advised.clear()
-            self.advised.add((peer, idx))
+        if self.is_seed and weak and self._round == 0:
+            return "busy"
+        if self.is_seed and self.served[idx] > self._round:
             return "ask_others"
         self.admitted += 1
         self.served[idx] += 1
-        self.uploading[idx] = self.uploading.get(idx, 0) + 1
+        if self.is_seed:
+            if len(self._sent_to) >= MAX_REQUESTERS and peer not in self._sent_to:
+                self._sent_to.clear()  # bounded; forgetting only costs fairness
+            self._sent_to[peer] = self._sent_to.get(peer, 0) + 1
+            if idx in self._offered:
+                self._offered = self._offered - {idx}
         return "ok"
 
     def finished(self, idx: int, *, ok: bool) -> None:
         self.admitted -= 1
-        self.uploading[idx] -= 1
         if not ok:
-            # The copy did not arrive: it does not count as pushed.
+            # The copy did not arrive: it does not count as sent.
             self.served[idx] -= 1
+            if self.is_seed and self.served[idx] == self._round:
+                self._offered = self._offered | {idx}
+            return
+        self.delivered[idx] += 1
+        if self.is_seed and self.delivered[idx] == self._round + 1:
+            self._behind -= 1
+            if self._behind == 0:
+                self._next_round()
+
+
+@dataclass
+class UploadQueue:
+    """Admitted uploads of one process wait here for one of ``slots``.
+
+    Lower ``priority`` first, within a bound: a request pushed with priority
+    p lets at most p requests that came after it go ahead, so none waits long
+    enough to time out. A relay's priority is how many neighbours hold the
+    chunk (one only a few peers have is what the swarm waits for at the end
+    of a broadcast); the seed's, how many chunks it sent the requester
+    (``UploadPolicy.priority``). Items are whatever the caller uses to start
+    an upload; ``pop_ready`` hands out those that may start now.
+    """
+
+    slots: int
+    active: int = 0
+    _waiting: list[tuple[int, int, int, Any]] = field(default_factory=list)
+    _seq: Iterator[int] = field(default_factory=itertools.count)
+
+    def push(self, priority: int, item: Any) -> None:
+        seq = next(self._seq)
+        heapq.heappush(self._waiting, (seq + priority, priority, seq, item))
+
+    def remove(self, item: Any) -> None:
+        """``item`` gave up waiting (its request was cancelled)."""
+        self._waiting = [w for w in self._waiting if w[-1] is not item]
+        heapq.heapify(self._waiting)
+
+    def pop_ready(self) -> list[Any]:
+        """Items that may start now; each must end with ``done``."""
+        out = []
+        while self._waiting and self.active < self.slots:
+            out.append(heapq.heappop(self._waiting)[-1])
+            self.active += 1
+        return out
+
+    def done(self) -> None:
+        self.active -= 1
+
+    def waiting(self) -> list[Any]:
+        return [w[-1] for w in self._waiting]
+
+    def __len__(self) -> int:
+        return len(self._waiting)

@@ -3,14 +3,17 @@
 One ``ChunkServer`` per engine. A chunk stream carries requests one after
 another until the requester closes it. Chunks go out through the process's
 upload token bucket, ``upload_slots`` at a time with a short queue behind
-(``UploadPolicy``); a requester that stops reading loses its upload after
-``stall_s``. The learner declines to push a chunk again before it
-has pushed every chunk as often (``ask_others``).
+(``UploadPolicy`` admits, ``UploadQueue`` orders: rarest chunk first); a
+requester that stops reading loses its upload after ``stall_s``. The learner
+offers only the chunks it has pushed least often and declines the others
+(``ask_others``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import trio
@@ -18,7 +21,7 @@ from libp2p.abc import INetStream
 
 from protocol import codec
 from protocol.broadcast.ratelimit import TokenBucket
-from protocol.broadcast.scheduler import UploadPolicy
+from protocol.broadcast.scheduler import UploadPolicy, UploadQueue
 from protocol.errors import ProtocolError
 from protocol.messages import UNKNOWN_JOB, ErrorReply, Manifest
 from protocol.rpc import remote_peer
@@ -39,8 +42,13 @@ class ChunkServer:
     def __init__(self, engine: BroadcastEngine):
         self.engine = engine
         self.bucket = TokenBucket.from_mbit(engine.config.max_upload_mbit)
-        self._slots = trio.Semaphore(engine.config.upload_slots)
+        self._queue = UploadQueue(engine.config.slots(engine.config.max_upload_mbit))
         self._policies: dict[int, UploadPolicy] = {}
+
+    def offered(self, version: int) -> frozenset[int] | None:
+        """The chunks of ``version`` the seed offers now (None: no policy yet, all)."""
+        policy = self._policies.get(version)
+        return policy.offered() if policy is not None else None
 
     async def serve(self, stream: INetStream) -> None:
         """Answer requests on ``stream`` until the peer ends it."""
@@ -64,14 +72,18 @@ class ChunkServer:
             )
             return
         policy = self._policy(req.version)
-        verdict = policy.allow(req.index, self._holders(req.version, req.index), remote_peer(stream))
+        peer = remote_peer(stream)
+        offer = policy.offered()
+        verdict = policy.allow(req.index, weak=peer in e.relayed_peers, peer=peer)
         if verdict != "ok":
             await chunk.send_reply(stream, ErrorReply(verdict, "fetch it later or from another peer"))
             return
+        if policy.offered() is not offer:
+            e.offer_changed()
         ok = False
         try:
             reply = ChunkData(e.job_id, req.version, req.index, data)
-            async with self._slots:
+            async with self._slot(policy.priority(peer, self._holders(req.version, req.index))):
                 # A requester that stops reading would hold an upload slot
                 # for ever: each piece must leave within stall_s.
                 with trio.CancelScope() as scope:
@@ -87,7 +99,35 @@ class ChunkServer:
             e.stats.bytes_up += len(data)
             e.stats.chunks_up += 1
         finally:
+            offer = policy.offered()
             policy.finished(req.index, ok=ok)
+            if policy.offered() is not offer:
+                e.offer_changed()
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, priority: int) -> AsyncIterator[None]:
+        """Hold one of the upload slots, waiting in ``UploadQueue``'s order."""
+        ready = trio.Event()
+        self._queue.push(priority, ready)
+        self._start_ready()
+        try:
+            await ready.wait()
+        except BaseException:
+            if ready.is_set():  # started meanwhile: give the slot on
+                self._queue.done()
+                self._start_ready()
+            else:
+                self._queue.remove(ready)
+            raise
+        try:
+            yield
+        finally:
+            self._queue.done()
+            self._start_ready()
+
+    def _start_ready(self) -> None:
+        for ready in self._queue.pop_ready():
+            ready.set()
 
     def _holders(self, version: int, idx: int) -> int:
         """How many neighbours announce chunk ``idx`` of ``version``."""
@@ -110,7 +150,7 @@ class ChunkServer:
         if version not in self._policies:
             n = len(e.store.manifests[version].chunk_hashes)
             self._policies[version] = UploadPolicy(
-                n, e.config.upload_slots + e.config.upload_queue, e.is_seed
+                n, e.config.admitted(e.config.max_upload_mbit, seed=e.is_seed), e.is_seed
             )
             for old in [v for v in self._policies if v not in e.store.manifests]:
                 del self._policies[old]

@@ -1,6 +1,6 @@
 import random
 
-from protocol.broadcast.scheduler import Download, SchedulerConfig, UploadPolicy
+from protocol.broadcast.scheduler import Download, SchedulerConfig, UploadPolicy, UploadQueue
 
 ALL = frozenset(range(8))
 
@@ -24,10 +24,15 @@ def test_relays_before_the_seed_and_bounds_in_flight():
     d.update_peer("b", ALL)
     reqs = d.next_requests(0.0)
     per_peer = {p: sum(1 for q, _ in reqs if q == p) for p in ("seed", "a", "b")}
-    assert per_peer == {"seed": 2, "a": 2, "b": 2}
-    assert len({i for _, i in reqs}) == 6  # never the same chunk twice
+    assert per_peer == {"seed": 2, "a": 1, "b": 1}  # a and b are strangers so far
+    assert len({i for _, i in reqs}) == 4  # never the same chunk twice
     assert d.next_requests(0.0) == []  # every peer is at its bound
     assert reqs[0][0] != "seed"  # equal load: a relay is asked first
+    for peer, idx in reqs:
+        if peer != "seed":
+            d.on_done(peer, idx, 1.0)
+    reqs = d.next_requests(1.0)  # both have served us: two requests each now
+    assert sorted(p for p, _ in reqs) == ["a", "a", "b", "b"]
 
 
 def test_bad_chunk_bans_peer_for_this_version():
@@ -101,42 +106,124 @@ def test_done_and_complete():
     assert d.have == set(ALL) and not d.in_flight
 
 
-def test_seed_pushes_every_chunk_once_before_any_twice():
+def test_seed_offers_each_chunk_once_before_any_twice():
     p = UploadPolicy(n_chunks=3, max_admitted=10, is_seed=True)
-    assert p.allow(0, holders=0, peer="a") == "ok"
-    assert p.allow(0, holders=0, peer="b") == "ask_others"  # already on its way to someone
+    assert p.offered() == {0, 1, 2}
+    assert p.allow(0) == "ok"
+    assert p.offered() == {1, 2}  # announced no more until the round ends
+    assert p.allow(0) == "ask_others"  # a requester that saw an older Have
     p.finished(0, ok=True)
-    assert p.allow(0, holders=1, peer="c") == "ask_others"  # a neighbour holds it
-    assert p.allow(1, holders=0) == "ok" and p.allow(2, holders=0) == "ok"
+    assert p.allow(1) == "ok"
+    assert p.offered() == {2}
+    assert p.allow(2) == "ok"
+    assert p.offered() == frozenset()  # the last first copies have the uplink to themselves
     p.finished(1, ok=True)
+    assert p.offered() == frozenset()
     p.finished(2, ok=True)
-    assert p.allow(0, holders=1) == "ok"  # every chunk went out once
+    assert p.offered() == {0, 1, 2}  # every chunk went out once: the next round
+    assert p.allow(0) == "ok"
     p.finished(0, ok=False)  # a failed copy does not count
-    assert p.served == [1, 1, 1]
+    assert p.served == [1, 1, 1] and p.offered() == {0, 1, 2}
 
 
-def test_seed_advises_each_peer_once_per_chunk_then_serves():
-    # Neighbours that announce every chunk and serve none must not make the
-    # seed send a requester away for ever.
+def test_a_failed_first_copy_is_offered_again():
     p = UploadPolicy(n_chunks=2, max_admitted=10, is_seed=True)
-    assert p.allow(0, holders=0, peer="a") == "ok"
-    assert p.allow(0, holders=4, peer="b") == "ask_others"
-    assert p.allow(0, holders=4, peer="c") == "ask_others"
-    assert p.allow(0, holders=4, peer="b") == "ok"  # b found no one else
+    assert p.allow(0) == "ok"
+    p.finished(0, ok=False)  # e.g. the only receiver left mid-chunk
+    assert p.offered() == {0, 1} and p.allow(0) == "ok"
 
 
-def test_seed_serves_again_a_chunk_nobody_holds():
+def test_the_seeds_first_round_goes_to_peers_that_can_relay():
     p = UploadPolicy(n_chunks=2, max_admitted=10, is_seed=True)
-    assert p.allow(0, holders=0) == "ok"
+    assert p.allow(0, weak=True) == "busy"  # reached through a relay: capped uplink
+    assert p.allow(0) == "ok" and p.allow(1) == "ok"
     p.finished(0, ok=True)
-    assert p.allow(0, holders=0) == "ok"  # e.g. the only receiver left the swarm
+    p.finished(1, ok=True)
+    assert p.allow(0, weak=True) == "ok"  # every chunk is out: anyone may have copies
+
+
+def test_a_relay_serves_every_chunk_it_holds():
+    p = UploadPolicy(n_chunks=2, max_admitted=10, is_seed=False)
+    assert [p.allow(0), p.allow(0, weak=True), p.allow(1)] == ["ok", "ok", "ok"]
+    assert p.offered() == {0, 1}
 
 
 def test_queue_bound():
     p = UploadPolicy(n_chunks=4, max_admitted=2, is_seed=False)
-    assert [p.allow(i, holders=5) for i in range(3)] == ["ok", "ok", "busy"]
+    assert [p.allow(i) for i in range(3)] == ["ok", "ok", "busy"]
     p.finished(0, ok=True)
-    assert p.allow(3, holders=5) == "ok"
+    assert p.allow(3) == "ok"
+
+
+def test_uploads_start_rarest_chunk_first_within_bounds():
+    q = UploadQueue(slots=1)
+    q.push(5, "first")
+    assert q.pop_ready() == ["first"]
+    q.push(2, "held by 2")
+    q.push(0, "rare")
+    q.push(9, "given up")
+    q.remove("given up")  # it still counts as one that came after
+    q.push(0, "rare three")
+    assert q.pop_ready() == []  # the slot is taken
+    order = []
+    for _ in range(3):
+        q.done()
+        order += q.pop_ready()
+    # Two later requests go first, then the chunk held by two waits no longer.
+    assert order == ["rare", "held by 2", "rare three"] and len(q) == 0
+
+
+def test_strangers_get_few_requests():
+    d = download(max_in_flight=8, max_in_flight_per_stranger=1, max_stranger_requests=2)
+    for peer in ("s1", "s2", "s3", "s4"):
+        d.update_peer(peer, ALL)
+    reqs = d.next_requests(0.0)
+    assert len(reqs) == 2 and len({p for p, _ in reqs}) == 2  # one each, two in all
+    peer, idx = reqs[0]
+    d.on_done(peer, idx, 0.5)  # it delivered: no stranger any more
+    more = d.next_requests(0.5)
+    assert sum(1 for p, _ in more if p == peer) == 2  # the full per-peer limit
+    assert len([p for p, _ in more if p != peer]) == 1  # and one stranger slot freed
+
+
+def test_the_peer_expected_to_deliver_soonest_is_asked():
+    d = download(max_in_flight=1, max_in_flight_per_peer=4)
+    d.update_peer("fast", ALL)
+    d.update_peer("slow", ALL)
+    d.trusted |= {"fast", "slow"}
+    d.peers["fast"].speed, d.peers["slow"].speed = 10.0, 1.0  # chunks per second
+    assert [p for p, _ in d.next_requests(0.0)] == ["fast"]
+    d = download(max_in_flight=8, max_in_flight_per_peer=8)
+    d.update_peer("fast", ALL)
+    d.update_peer("slow", ALL)
+    d.trusted |= {"fast", "slow"}
+    d.peers["fast"].speed, d.peers["slow"].speed = 3.0, 1.0
+    picks = [p for p, _ in d.next_requests(0.0)]
+    # Three requests to "fast" end as soon as one to "slow": 6 and 2.
+    assert picks.count("fast") == 6 and picks.count("slow") == 2
+
+
+def test_throughput_is_measured_per_peer():
+    d = download(max_in_flight=2, max_in_flight_per_peer=2)
+    d.update_peer("a", ALL)
+    d.trusted.add("a")
+    (p1, i1), (p2, i2) = d.next_requests(0.0)
+    d.on_done("a", i1, 0.5)  # two open requests, the first done in 0.5 s: 4 chunks/s
+    assert d.peers["a"].speed == 4.0
+
+
+def test_request_timeouts_follow_measured_request_times():
+    d = download(timeout_initial_s=3.0, timeout_factor=4.0, timeout_min_s=1.0, timeout_max_s=10.0)
+    d.update_peer("a", ALL)
+    d.update_peer("b", ALL)
+    assert d.request_timeout("b") == 3.0  # nothing measured yet
+    [(peer, idx), *_] = [r for r in d.next_requests(0.0) if r[0] == "a"]
+    d.on_done("a", idx, 0.5)
+    assert d.request_timeout("b") == 2.0  # 4 x the typical request (0.5 s)
+    assert d.request_timeout("a") == 4 * max(1, d.peers["a"].in_flight) / d.peers["a"].speed
+    d.relayed.add("c")
+    d.update_peer("c", ALL)
+    assert d.request_timeout("c") == 10.0  # a relay's share may be far below the typical
 
 
 def test_a_stalling_peer_is_dropped_for_the_version():
