@@ -299,18 +299,27 @@ class Download:
     def request_timeout(self, peer: str) -> float:
         """How long a request to ``peer`` may go unanswered before it counts as
         a stall: a few times what it should take at the rate ``peer`` has
-        given us, or else at the typical request time."""
+        given us, or else at the typical request time.
+
+        The seed queues every neighbour's requests (``UploadPolicy``), so a
+        wait there grows with the swarm, and giving up on it only wastes the
+        upload it was about to make: its timeout is never below
+        ``timeout_max_s``. A relayed peer's capped share may be far below the
+        typical peer's: it gets ``timeout_max_s`` until measured.
+        """
         c = self.config
         state = self.peers.get(peer)
         if state is not None and state.speed:
-            expected = max(1, state.in_flight) / state.speed
-        elif peer in self.relayed:
-            return c.timeout_max_s  # a relay's capped share may be far below the typical peer's
+            timeout = c.timeout_factor * max(1, state.in_flight) / state.speed
+        elif peer in self.relayed or peer == self.seed:
+            return c.timeout_max_s
         elif self.durations:
-            expected = self._typical_s
+            timeout = c.timeout_factor * self._typical_s
         else:
             return c.timeout_initial_s
-        return min(c.timeout_max_s, max(c.timeout_min_s, c.timeout_factor * expected))
+        if peer == self.seed:
+            return max(c.timeout_max_s, timeout)
+        return min(c.timeout_max_s, max(c.timeout_min_s, timeout))
 
     @property
     def endgame_after_s(self) -> float:
