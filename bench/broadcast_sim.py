@@ -46,7 +46,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from protocol.broadcast.engine import BroadcastConfig  # noqa: E402
-from protocol.broadcast.scheduler import Download, SchedulerConfig, UploadPolicy, UploadQueue  # noqa: E402
+from protocol.broadcast.scheduler import Download, SchedulerConfig
+from protocol.broadcast.uploads import UploadPolicy, UploadQueue  # noqa: E402
 
 SEED = "seed"
 # Home links, (share of nodes, upload Mbit/s, download Mbit/s): fibre, cable,

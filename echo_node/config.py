@@ -63,7 +63,10 @@ class NodeConfig(ConnectionSettings):
         16.0, "receipts.jsonl is moved to receipts.jsonl.1 past this size (the learner's ledger "
         "keeps every receipt)", lo=0.01,
     )
-    max_peers: int = setting(16, "most swarm neighbours to exchange weights with", lo=1)
+    max_peers: int = setting(
+        16, "swarm neighbours to exchange weights with: at least this many, and this many per 20 Mbit/s "
+        "of --max-upload-mbit, up to 128", lo=1,
+    )
     threads: int = setting(
         0, "CPU threads for generation (0: physical cores minus one, so the volunteer keeps a core)", lo=0
     )

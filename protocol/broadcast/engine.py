@@ -389,9 +389,9 @@ class BroadcastEngine:
             return Have(self.job_id, -1, b"", b"")
         held = self.store.chunks_held(m.version) if self.config.relay or self.is_seed else ()
         if self.is_seed:
-            # The seed announces what it offers: the chunks it has pushed
-            # least often (scheduler.UploadPolicy), so requesters ask it for
-            # what the swarm lacks.
+            # The seed announces what it offers: the chunks not yet sent in
+            # this round (uploads.UploadPolicy), so requesters ask it for what
+            # the swarm lacks.
             offered = self.server.offered(m.version)
             held = held if offered is None else offered
         return Have(
@@ -547,10 +547,10 @@ class BroadcastEngine:
                 # a first guess; once one is measured, it gets a measured
                 # timeout (a stalling peer asked first need not be waited out).
                 if d.durations:
-                    for (peer, _), request in self._open.items():
-                        if request.guessed and not request.received:
-                            request.scope.deadline = request.started + d.request_timeout(peer)
-                            request.guessed = False
+                    for (peer, _), open_request in self._open.items():
+                        if open_request.guessed and not open_request.received:
+                            open_request.scope.deadline = open_request.started + d.request_timeout(peer)
+                            open_request.guessed = False
             with trio.move_on_at(deadline):
                 await wake.wait()
 
@@ -569,9 +569,9 @@ class BroadcastEngine:
             self._trusted.add(peer)
             # An endgame copy got here first: the other request ends now, and
             # a peer that sent no byte of it while the copy came is stalling.
-            for (other, i), request in list(self._open.items()):
+            for (other, i), open_request in list(self._open.items()):
                 if i == idx and other != peer:
-                    request.scope.cancel()
+                    open_request.scope.cancel()
             if self.store.complete(m.version):
                 self.stats.completed_at.setdefault(m.version, time.time())
                 queued, self._queued = self._queued, None
@@ -632,10 +632,10 @@ class BroadcastEngine:
         started = trio.current_time()
         with trio.CancelScope(deadline=started + timeout_s) as scope:
             guessed = self.download is None or not self.download.durations
-            request = self._open[(peer, idx)] = _OpenRequest(scope, started, guessed)
+            open_request = self._open[(peer, idx)] = _OpenRequest(scope, started, guessed)
 
             def progress(n: int) -> None:
-                request.received += n
+                open_request.received += n
                 scope.deadline = trio.current_time() + self.config.stall_s
 
             try:
@@ -650,7 +650,7 @@ class BroadcastEngine:
                 elif stream is not None:
                     await _discard(stream)
         if scope.cancelled_caught:
-            if idx in self.store.chunks_held(m.version) and request.received:
+            if idx in self.store.chunks_held(m.version) and open_request.received:
                 return "overtaken"
             self.stats.stalls[peer] += 1
             event(log, logging.INFO, "peer stalled; reissuing", peer=peer, chunk=idx)

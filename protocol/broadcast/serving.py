@@ -3,7 +3,7 @@
 One ``ChunkServer`` per engine. A chunk stream carries requests one after
 another until the requester closes it. Chunks go out through the process's
 upload token bucket, ``upload_slots`` at a time with a short queue behind
-(``UploadPolicy`` admits, ``UploadQueue`` orders: rarest chunk first); a
+(``UploadPolicy`` admits, ``UploadQueue`` orders: see ``uploads``); a
 requester that stops reading loses its upload after ``stall_s``. The learner
 offers only the chunks it has pushed least often and declines the others
 (``ask_others``).
@@ -21,7 +21,7 @@ from libp2p.abc import INetStream
 
 from protocol import codec
 from protocol.broadcast.ratelimit import TokenBucket
-from protocol.broadcast.scheduler import UploadPolicy, UploadQueue
+from protocol.broadcast.uploads import UploadPolicy, UploadQueue
 from protocol.errors import ProtocolError
 from protocol.messages import UNKNOWN_JOB, ErrorReply, Manifest
 from protocol.rpc import remote_peer

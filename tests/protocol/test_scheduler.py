@@ -1,6 +1,7 @@
 import random
 
-from protocol.broadcast.scheduler import Download, SchedulerConfig, UploadPolicy, UploadQueue
+from protocol.broadcast.scheduler import Download, SchedulerConfig
+from protocol.broadcast.uploads import UploadPolicy, UploadQueue
 
 ALL = frozenset(range(8))
 
@@ -294,3 +295,25 @@ def test_peers_that_served_us_before_are_asked_first():
     for peer in ("stranger", "old friend", "seed"):
         d.update_peer(peer, ALL)
     assert sorted(p for p, _ in d.next_requests(0.0)) == ["old friend", "seed"]  # strangers wait
+
+
+def test_the_seed_serves_first_whom_it_has_sent_least():
+    p = UploadPolicy(n_chunks=8, max_admitted=10, is_seed=True)
+    for idx in range(3):
+        assert p.allow(idx, peer="a") == "ok"
+    assert p.allow(3, peer="b") == "ok"
+    assert p.priority("a", holders=0) == 3 and p.priority("b", holders=0) == 1
+    assert p.priority("c", holders=5) == 0  # nothing sent yet: first in line
+    relay = UploadPolicy(n_chunks=8, max_admitted=10, is_seed=False)
+    assert relay.priority("a", holders=5) == 5  # a relay orders by rarity
+
+
+def test_fast_uplinks_get_more_slots_and_neighbours():
+    from protocol.broadcast.engine import BroadcastConfig
+
+    c = BroadcastConfig()
+    assert (c.slots(0), c.admitted(0), c.neighbour_limit(0)) == (2, 6, 16)  # uncapped: unknown
+    assert (c.slots(20), c.admitted(20), c.neighbour_limit(20)) == (2, 6, 16)
+    assert (c.slots(200), c.admitted(200), c.neighbour_limit(200)) == (20, 60, 128)
+    assert c.neighbour_limit(50) == 40
+    assert c.admitted(20, seed=True) == 16 * 2  # every neighbour's requests

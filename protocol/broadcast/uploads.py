@@ -1,0 +1,163 @@
+"""Uploading as pure logic: which requests a process admits, and in what order
+it serves them. No I/O; driven by the real engine (``serving.ChunkServer``)
+and by the simulator (``bench/broadcast_sim.py``).
+
+``UploadPolicy`` admits requests up to a bound; for the seed it runs rounds:
+it offers (announces) only the chunks not yet sent in the current round, so
+each chunk enters the swarm once before any goes twice, and in the first
+round it serves only peers that can relay (not peers reached through a relay,
+whose uplink is capped). The swarm does the relaying. ``UploadQueue`` orders
+the admitted requests: the rarest chunk first, or for the seed the requester
+it has sent the fewest chunks.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_REQUESTERS = 4096
+
+
+@dataclass
+class UploadPolicy:
+    """Which chunk requests a process admits.
+
+    Admitted requests wait in a FIFO queue for one of ``slots`` concurrent
+    uploads (few slots: each chunk crosses a hop quickly, so relays can pass
+    it on sooner). At most ``max_admitted`` are admitted at once; beyond that
+    the answer is ``busy``.
+
+    The seed works in rounds. It announces only the chunks it has pushed
+    least often (``offered``), so requesters ask it for chunks the swarm lacks
+    rather than copies of what is already relayed (BitTorrent's
+    super-seeding); a chunk that leaves with the only peer holding it comes
+    back in the next round. In the first round it uploads only to peers that
+    can relay (``weak``: reached only through a relay, whose uplink is
+    capped): a chunk pushed only to them would spread slowly.
+    """
+
+    n_chunks: int
+    max_admitted: int
+    is_seed: bool
+    admitted: int = 0
+    served: list[int] = field(default_factory=list)  # copies of each chunk sent or being sent
+    delivered: list[int] = field(default_factory=list)  # copies of each chunk sent in full
+
+    def __post_init__(self) -> None:
+        self.served = [0] * self.n_chunks
+        self.delivered = [0] * self.n_chunks
+        # Round r: every chunk has been sent r times in full; the seed offers
+        # the chunks with no copy sent or on its way in this round. The next
+        # round starts only once the last copy of this one has gone out, so
+        # that second copies do not share the uplink with the last first ones.
+        self._round = 0
+        self._behind = self.n_chunks  # chunks delivered only ``_round`` times
+        self._offered = frozenset(range(self.n_chunks))
+        self._sent_to: dict[str, int] = {}  # the seed: chunks admitted per requester
+
+    def offered(self) -> frozenset[int]:
+        """The chunks to announce: all of them, or for the seed those not yet
+        sent in this round."""
+        return self._offered
+
+    def _next_round(self) -> None:
+        self._round = min(self.delivered)
+        self._behind = sum(1 for n in self.delivered if n == self._round)
+        self._offered = frozenset(i for i, n in enumerate(self.served) if n == self._round)
+
+    def priority(self, peer: str, holders: int) -> int:
+        """Where a request admitted for ``peer`` waits in the ``UploadQueue``:
+        a relay puts the chunk fewer neighbours hold (``holders``) first; the
+        seed, the requester it has sent fewer chunks, so that fresh chunks
+        spread evenly over the peers that relay them."""
+        return self._sent_to.get(peer, 0) if self.is_seed else holders
+
+    def allow(self, idx: int, weak: bool = False, peer: str = "") -> str:
+        """May this process serve chunk ``idx`` to ``peer`` now? ``weak``:
+        the requester is reached only through a relay.
+
+        ``ok`` (admit it, then call ``finished``), ``busy`` (queue full, or
+        the seed's first round and a weak requester) or ``ask_others``: the
+        seed has pushed this chunk in this round already (it no longer offers
+        it; the requester saw an older Have) and the swarm relays it. A chunk
+        whose holders left, or lie about holding it, comes from the seed in
+        the next round, when the seed offers it again.
+        """
+        if self.admitted >= self.max_admitted:
+            return "busy"
+        if self.is_seed and weak and self._round == 0:
+            return "busy"
+        if self.is_seed and self.served[idx] > self._round:
+            return "ask_others"
+        self.admitted += 1
+        self.served[idx] += 1
+        if self.is_seed:
+            if len(self._sent_to) >= MAX_REQUESTERS and peer not in self._sent_to:
+                self._sent_to.clear()  # bounded; forgetting only costs fairness
+            self._sent_to[peer] = self._sent_to.get(peer, 0) + 1
+            if idx in self._offered:
+                self._offered = self._offered - {idx}
+        return "ok"
+
+    def finished(self, idx: int, *, ok: bool) -> None:
+        self.admitted -= 1
+        if not ok:
+            # The copy did not arrive: it does not count as sent.
+            self.served[idx] -= 1
+            if self.is_seed and self.served[idx] == self._round:
+                self._offered = self._offered | {idx}
+            return
+        self.delivered[idx] += 1
+        if self.is_seed and self.delivered[idx] == self._round + 1:
+            self._behind -= 1
+            if self._behind == 0:
+                self._next_round()
+
+
+@dataclass
+class UploadQueue:
+    """Admitted uploads of one process wait here for one of ``slots``.
+
+    Lower ``priority`` first, within a bound: a request pushed with priority
+    p lets at most p requests that came after it go ahead, so none waits long
+    enough to time out. A relay's priority is how many neighbours hold the
+    chunk (one only a few peers have is what the swarm waits for at the end
+    of a broadcast); the seed's, how many chunks it sent the requester
+    (``UploadPolicy.priority``). Items are whatever the caller uses to start
+    an upload; ``pop_ready`` hands out those that may start now.
+    """
+
+    slots: int
+    active: int = 0
+    _waiting: list[tuple[int, int, int, Any]] = field(default_factory=list)
+    _seq: Iterator[int] = field(default_factory=itertools.count)
+
+    def push(self, priority: int, item: Any) -> None:
+        seq = next(self._seq)
+        heapq.heappush(self._waiting, (seq + priority, priority, seq, item))
+
+    def remove(self, item: Any) -> None:
+        """``item`` gave up waiting (its request was cancelled)."""
+        self._waiting = [w for w in self._waiting if w[-1] is not item]
+        heapq.heapify(self._waiting)
+
+    def pop_ready(self) -> list[Any]:
+        """Items that may start now; each must end with ``done``."""
+        out = []
+        while self._waiting and self.active < self.slots:
+            out.append(heapq.heappop(self._waiting)[-1])
+            self.active += 1
+        return out
+
+    def done(self) -> None:
+        self.active -= 1
+
+    def waiting(self) -> list[Any]:
+        return [w[-1] for w in self._waiting]
+
+    def __len__(self) -> int:
+        return len(self._waiting)
