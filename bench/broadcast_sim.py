@@ -261,7 +261,7 @@ class Simulation:
             up.active.remove(transfer)
             up.queue.done()
             self.detach(transfer)
-            up.policy.finished(transfer.idx, ok=False)
+            up.policy.finished(transfer.idx, ok=False, weak=transfer.requester.relay_only)
             self.refill(up)
         for name in proc.neighbours:
             other = self.procs[name]
@@ -316,7 +316,7 @@ class Simulation:
             return
         latency = uploader.latency_s + proc.latency_s
         offer = uploader.policy.offered()
-        verdict = uploader.policy.allow(idx, weak=proc.relay_only, peer=requester)
+        verdict = uploader.policy.allow(idx, requester, weak=proc.relay_only)
         if verdict != "ok":
             self.at(self.now + latency, self.failed, requester, uploader_name, idx, verdict)
             return
@@ -413,7 +413,7 @@ class Simulation:
         up.queue.done()
         self.detach(transfer)
         offer = up.policy.offered()
-        up.policy.finished(transfer.idx, ok=True)
+        up.policy.finished(transfer.idx, ok=True, weak=transfer.requester.relay_only)
         self.announce_offer(up, offer)
         up.uploaded += self.chunk
         if up.download is None and up.first_push_done is None:

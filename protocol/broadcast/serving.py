@@ -5,7 +5,7 @@ another until the requester closes it. Chunks go out through the process's
 upload token bucket, ``upload_slots`` at a time with a short queue behind
 (``UploadPolicy`` admits, ``UploadQueue`` orders: see ``uploads``); a
 requester that stops reading loses its upload after ``stall_s``. The learner
-offers only the chunks it has pushed least often and declines the others
+offers only the chunks not yet sent in its current round and declines the others
 (``ask_others``).
 """
 
@@ -74,7 +74,8 @@ class ChunkServer:
         policy = self._policy(req.version)
         peer = remote_peer(stream)
         offer = policy.offered()
-        verdict = policy.allow(req.index, weak=peer in e.relayed_peers, peer=peer)
+        weak = peer in e.relayed_peers
+        verdict = policy.allow(req.index, peer, weak)
         if verdict != "ok":
             await chunk.send_reply(stream, ErrorReply(verdict, "fetch it later or from another peer"))
             return
@@ -100,7 +101,7 @@ class ChunkServer:
             e.stats.chunks_up += 1
         finally:
             offer = policy.offered()
-            policy.finished(req.index, ok=ok)
+            policy.finished(req.index, ok=ok, weak=weak)
             if policy.offered() is not offer:
                 e.offer_changed()
 

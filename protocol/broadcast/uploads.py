@@ -31,13 +31,15 @@ class UploadPolicy:
     it on sooner). At most ``max_admitted`` are admitted at once; beyond that
     the answer is ``busy``.
 
-    The seed works in rounds. It announces only the chunks it has pushed
-    least often (``offered``), so requesters ask it for chunks the swarm lacks
-    rather than copies of what is already relayed (BitTorrent's
+    The seed works in rounds. It announces only the chunks not yet sent in
+    the current round (``offered``), so requesters ask it for chunks the swarm
+    lacks rather than copies of what is already relayed (BitTorrent's
     super-seeding); a chunk that leaves with the only peer holding it comes
-    back in the next round. In the first round it uploads only to peers that
-    can relay (``weak``: reached only through a relay, whose uplink is
-    capped): a chunk pushed only to them would spread slowly.
+    back in the next round. It admits every neighbour's requests and serves
+    first the requester it has sent the fewest chunks. In its first round it
+    turns away peers reached only through a relay (``weak``: their uplink is
+    capped, so a chunk given only to them spreads slowly) while it is serving
+    any other peer, so they are never starved.
     """
 
     n_chunks: int
@@ -58,6 +60,7 @@ class UploadPolicy:
         self._behind = self.n_chunks  # chunks delivered only ``_round`` times
         self._offered = frozenset(range(self.n_chunks))
         self._sent_to: dict[str, int] = {}  # the seed: chunks admitted per requester
+        self._strong_admitted = 0  # admitted requests from peers not reached through a relay
 
     def offered(self) -> frozenset[int]:
         """The chunks to announce: all of them, or for the seed those not yet
@@ -76,24 +79,26 @@ class UploadPolicy:
         spread evenly over the peers that relay them."""
         return self._sent_to.get(peer, 0) if self.is_seed else holders
 
-    def allow(self, idx: int, weak: bool = False, peer: str = "") -> str:
+    def allow(self, idx: int, peer: str = "", weak: bool = False) -> str:
         """May this process serve chunk ``idx`` to ``peer`` now? ``weak``:
-        the requester is reached only through a relay.
+        ``peer`` is reached only through a relay.
 
-        ``ok`` (admit it, then call ``finished``), ``busy`` (queue full, or
-        the seed's first round and a weak requester) or ``ask_others``: the
-        seed has pushed this chunk in this round already (it no longer offers
-        it; the requester saw an older Have) and the swarm relays it. A chunk
-        whose holders left, or lie about holding it, comes from the seed in
-        the next round, when the seed offers it again.
+        ``ok`` (admit it, then call ``finished`` with the same ``weak``),
+        ``busy`` (queue full; or the seed's first round, a weak requester and
+        another one being served) or ``ask_others``: the seed has pushed this
+        chunk in this round already (it no longer offers it; the requester saw
+        an older Have) and the swarm relays it. A chunk whose holders left, or
+        lie about holding it, comes from the seed in the next round, when the
+        seed offers it again.
         """
         if self.admitted >= self.max_admitted:
             return "busy"
-        if self.is_seed and weak and self._round == 0:
+        if self.is_seed and weak and self._round == 0 and self._strong_admitted:
             return "busy"
         if self.is_seed and self.served[idx] > self._round:
             return "ask_others"
         self.admitted += 1
+        self._strong_admitted += not weak
         self.served[idx] += 1
         if self.is_seed:
             if len(self._sent_to) >= MAX_REQUESTERS and peer not in self._sent_to:
@@ -103,8 +108,9 @@ class UploadPolicy:
                 self._offered = self._offered - {idx}
         return "ok"
 
-    def finished(self, idx: int, *, ok: bool) -> None:
+    def finished(self, idx: int, *, ok: bool, weak: bool = False) -> None:
         self.admitted -= 1
+        self._strong_admitted -= not weak
         if not ok:
             # The copy did not arrive: it does not count as sent.
             self.served[idx] -= 1

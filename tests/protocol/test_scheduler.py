@@ -136,16 +136,18 @@ def test_a_failed_first_copy_is_offered_again():
 
 def test_the_seeds_first_round_goes_to_peers_that_can_relay():
     p = UploadPolicy(n_chunks=2, max_admitted=10, is_seed=True)
-    assert p.allow(0, weak=True) == "busy"  # reached through a relay: capped uplink
-    assert p.allow(0) == "ok" and p.allow(1) == "ok"
+    assert p.allow(0, "direct") == "ok"
+    assert p.allow(1, "relayed", weak=True) == "busy"  # capped uplink: the direct peer first
     p.finished(0, ok=True)
-    p.finished(1, ok=True)
-    assert p.allow(0, weak=True) == "ok"  # every chunk is out: anyone may have copies
+    assert p.allow(1, "relayed", weak=True) == "ok"  # nobody else is asking: never starved
+    p.finished(1, ok=True, weak=True)
+    assert p.allow(0, "direct") == "ok"  # the next round
+    assert p.allow(1, "relayed", weak=True) == "ok"  # after the first round, anyone
 
 
 def test_a_relay_serves_every_chunk_it_holds():
     p = UploadPolicy(n_chunks=2, max_admitted=10, is_seed=False)
-    assert [p.allow(0), p.allow(0, weak=True), p.allow(1)] == ["ok", "ok", "ok"]
+    assert [p.allow(0), p.allow(0, "r", weak=True), p.allow(1)] == ["ok", "ok", "ok"]
     assert p.offered() == {0, 1}
 
 
@@ -300,8 +302,8 @@ def test_peers_that_served_us_before_are_asked_first():
 def test_the_seed_serves_first_whom_it_has_sent_least():
     p = UploadPolicy(n_chunks=8, max_admitted=10, is_seed=True)
     for idx in range(3):
-        assert p.allow(idx, peer="a") == "ok"
-    assert p.allow(3, peer="b") == "ok"
+        assert p.allow(idx, "a") == "ok"
+    assert p.allow(3, "b") == "ok"
     assert p.priority("a", holders=0) == 3 and p.priority("b", holders=0) == 1
     assert p.priority("c", holders=5) == 0  # nothing sent yet: first in line
     relay = UploadPolicy(n_chunks=8, max_admitted=10, is_seed=False)
