@@ -25,16 +25,14 @@ sys.path.insert(0, str(ROOT))
 
 from echo_node.config import NodeConfig  # noqa: E402
 from echo_node.node import Node  # noqa: E402
-from protocol.broadcast import bitfield  # noqa: E402
+from fakes import claim_everything  # noqa: E402
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine  # noqa: E402
-from protocol.broadcast.serving import manifest_digest  # noqa: E402
 from protocol.broadcast.store import VersionStore  # noqa: E402
 from protocol.identity import load_or_create  # noqa: E402
 from protocol.messages import ErrorReply  # noqa: E402
 from protocol.rpc import RequestFailed, request  # noqa: E402
 from protocol.wire import chunk, work  # noqa: E402
 from protocol.wire.chunk import ChunkRequest  # noqa: E402
-from protocol.wire.have import Have  # noqa: E402
 from protocol.wire.work import WorkAssignment, WorkRequest  # noqa: E402
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
@@ -177,17 +175,10 @@ async def _fake_holder(node: Node, answer) -> None:  # type: ignore[no-untyped-d
         engine = BroadcastEngine(swarm, store, job_id=node.job_id, learner_id=learner_id,
                                  is_seed=False, config=BroadcastConfig())
 
-        def claim_everything() -> Have:
-            m = engine.target
-            if m is None:
-                return Have(engine.job_id, -1, b"", b"")
-            n = len(m.chunk_hashes)
-            return Have(engine.job_id, m.version, manifest_digest(m), bitfield.encode(range(n), n))
-
         async def download_nothing() -> None:  # it knows each manifest; that is all it needs
             await trio.sleep_forever()
 
-        engine._my_have = claim_everything  # type: ignore[method-assign]
+        engine._my_have = lambda: claim_everything(engine)  # type: ignore[method-assign]
         engine._download_loop = download_nothing  # type: ignore[method-assign]
         engine.server.answer = lambda stream, req: answer(engine, stream, req)  # type: ignore[method-assign]
         await nursery.start(engine.run)

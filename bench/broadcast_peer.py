@@ -59,10 +59,8 @@ def main() -> None:
     import trio
 
     from protocol import manifest as manifests, updates
-    from protocol.broadcast import bitfield
+    from fakes import claim_everything
     from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
-    from protocol.broadcast.serving import manifest_digest
-    from protocol.wire.have import Have
     from protocol.broadcast.store import VersionStore
     from libp2p.peer.id import ID
 
@@ -206,19 +204,12 @@ def main() -> None:
                 await trio.sleep_forever()
             await answer(stream, req)
 
-        def claim_everything() -> Have:
-            m = engine.target
-            if m is None:
-                return Have(args.job_id, -1, b"", b"")
-            n = len(m.chunk_hashes)
-            return Have(args.job_id, m.version, manifest_digest(m), bitfield.encode(range(n), n))
-
         def follow_without_downloading(m) -> None:
             engine.target = m
             engine._poke_local()  # announce it, and wake follow() to report it
 
         engine.server.answer = silent
-        engine._my_have = claim_everything
+        engine._my_have = lambda: claim_everything(engine)
         engine._start_download = follow_without_downloading
 
     profile_to = os.environ.get("BENCH_PROFILE_DIR")
