@@ -4,11 +4,11 @@ It drives the real scheduling code (``protocol.broadcast.scheduler``:
 ``Download`` on every requester, ``UploadPolicy`` on every uploader) over
 simulated links; only the network is simulated:
 
-- each process uploads at its own rate, shared equally by its ``slots``
-  concurrent uploads (processor sharing), and downloads at its own rate,
-  shared equally by the chunks coming in; a chunk moves at the smaller of its
-  two shares. Admitted requests beyond the slots wait in a FIFO queue, as in
-  the real engine;
+- each process uploads at its own rate, shared by its ``slots`` concurrent
+  uploads, and downloads at its own rate, shared by the chunks coming in; a
+  chunk moves at the smaller of its two max-min fair shares (as TCP flows
+  share links). Admitted requests beyond the slots wait in the engine's
+  ``UploadQueue``;
 - links are equal (``--upload-mbit``, ``--download-mbit``) or drawn from a mix
   of classes (``--mix``); ``--relay-only`` of the nodes can be reached only
   through a relay: they download at their own rate but upload at most
@@ -46,7 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from protocol.broadcast.engine import BroadcastConfig  # noqa: E402
-from protocol.broadcast.scheduler import Download, SchedulerConfig
+from protocol.broadcast.scheduler import Download, SchedulerConfig  # noqa: E402
 from protocol.broadcast.uploads import UploadPolicy, UploadQueue  # noqa: E402
 
 SEED = "seed"
