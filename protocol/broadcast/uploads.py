@@ -26,10 +26,10 @@ MAX_REQUESTERS = 4096
 class UploadPolicy:
     """Which chunk requests a process admits.
 
-    Admitted requests wait in a FIFO queue for one of ``slots`` concurrent
-    uploads (few slots: each chunk crosses a hop quickly, so relays can pass
-    it on sooner). At most ``max_admitted`` are admitted at once; beyond that
-    the answer is ``busy``.
+    Admitted requests wait in the ``UploadQueue`` for one of a few concurrent
+    uploads (few: each chunk crosses a hop quickly, so relays can pass it on
+    sooner). At most ``max_admitted`` are admitted at once; beyond that the
+    answer is ``busy``.
 
     The seed works in rounds. It announces only the chunks not yet sent in
     the current round (``offered``), so requesters ask it for chunks the swarm
