@@ -360,8 +360,8 @@ class BroadcastEngine:
 
     # --- notifications -------------------------------------------------------------
 
-    def offer_changed(self) -> None:
-        """The seed offers other chunks now: have-writers send."""
+    def have_changed(self) -> None:
+        """What we announce changed (chunks held, or the seed's offer): have-writers send."""
         self._local_changed.set()
         self._local_changed = trio.Event()
 
@@ -372,7 +372,7 @@ class BroadcastEngine:
 
     def _poke_local(self) -> None:
         """Our holdings changed: have-writers send, waiters re-check."""
-        self.offer_changed()
+        self.have_changed()
         self._progress.set()
         self._progress = trio.Event()
         self._poke_downloader()

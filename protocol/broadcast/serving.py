@@ -80,7 +80,7 @@ class ChunkServer:
             await chunk.send_reply(stream, ErrorReply(verdict, "fetch it later or from another peer"))
             return
         if policy.offered() is not offer:
-            e.offer_changed()
+            e.have_changed()
         ok = False
         try:
             reply = ChunkData(e.job_id, req.version, req.index, data)
@@ -103,7 +103,7 @@ class ChunkServer:
             offer = policy.offered()
             policy.finished(req.index, ok=ok, weak=weak)
             if policy.offered() is not offer:
-                e.offer_changed()
+                e.have_changed()
 
     @contextlib.asynccontextmanager
     async def _slot(self, priority: int) -> AsyncIterator[None]:
