@@ -18,8 +18,9 @@ simulated links; only the network is simulated:
   sum of the two ends' one-way latencies;
 - Have announcements go to every neighbour when a chunk arrives (the seed's:
   when the chunks it offers change);
-- each process has random neighbours, up to ``BroadcastConfig.neighbour_limit``
-  of its uplink (the seed too), and as many upload slots as
+- each process dials random neighbours up to ``BroadcastConfig.neighbour_limit``
+  of its uplink (the seed too) and accepts up to its ``accept_limit``, and has
+  as many upload slots as
   ``BroadcastConfig.slots`` gives its uplink;
 - churn: ``--churn`` of the nodes leave at random times during the broadcast
   (their uploads stop; requesters notice when the request times out) and as
@@ -78,6 +79,9 @@ class Proc:
     held: set[int] = field(default_factory=set)
     active: list[Transfer] = field(default_factory=list)
     incoming: list[Transfer] = field(default_factory=list)  # active transfers to this process
+    # Requests sent that have no byte yet: (peer, chunk) -> [when sent, the
+    # transfer waiting in the peer's upload queue once it got there].
+    pending: dict[tuple[str, int], list] = field(default_factory=dict)
     last_update: float = 0.0
     epoch: int = 0  # invalidates scheduled completions when rates change
     uploaded: float = 0.0  # bytes
@@ -125,6 +129,7 @@ class Simulation:
         self.now = 0.0
         self.procs: dict[str, Proc] = {}
         self.names: list[str] = []
+        self.timeouts = 0  # requests abandoned with no byte (as stalls)
 
     # --- event queue -------------------------------------------------------------
 
@@ -200,7 +205,8 @@ class Simulation:
         return self.config.neighbour_limit(proc.upload_Bps * 8e-6)
 
     def link_up(self, proc: Proc) -> None:
-        """Connect ``proc`` to random live processes until it has enough neighbours."""
+        """Connect ``proc`` to random live processes until it has enough
+        neighbours; each accepts up to its ``accept_limit``."""
         limit = self.neighbour_limit(proc)
         # Random tries rather than a shuffle of everyone: O(limit) per process.
         for _ in range(limit * 8):
@@ -210,7 +216,7 @@ class Simulation:
             if (
                 other is not proc
                 and other.alive
-                and len(other.neighbours) < self.neighbour_limit(other)
+                and len(other.neighbours) < self.config.accept_limit(other.upload_Bps * 8e-6)
                 and other.name not in proc.neighbours
             ):
                 self.connect(proc, other)
@@ -247,8 +253,9 @@ class Simulation:
 
     def leave(self, proc: Proc) -> None:
         proc.alive = False
-        for transfer in proc.active + proc.queue.waiting():
-            # The requester only notices when the request times out.
+        # Requests in its queue time out as any unanswered request does
+        # (check_timeout); chunks on their way stop flowing.
+        for transfer in proc.active:
             timeout = transfer.requester.download.request_timeout(proc.name)
             self.at(self.now + timeout, self.failed, transfer.requester.name, proc.name, transfer.idx, "stalled")
         for transfer in proc.active:
@@ -283,7 +290,10 @@ class Simulation:
             return
         for peer, idx in d.next_requests(self.now):
             latency = proc.latency_s + self.procs[peer].latency_s
+            proc.pending[(peer, idx)] = [self.now, None]
             self.at(self.now + latency, self.request_arrives, peer, proc.name, idx)
+            guessed = not d.durations
+            self.at(self.now + d.request_timeout(peer), self.check_timeout, proc, peer, idx, self.now, guessed)
         wake = d.next_wakeup(self.now)
         if wake < proc.wake_at:
             proc.wake_at = wake
@@ -294,10 +304,36 @@ class Simulation:
             proc.wake_at = math.inf
             self.schedule(proc)
 
+    def check_timeout(self, proc: Proc, peer: str, idx: int, sent: float, guessed: bool) -> None:
+        """A request with no byte after ``request_timeout`` is abandoned as a
+        stall, as the engine does: a first guess (sent before any request
+        time was measured) is replaced by a measured timeout once there is one."""
+        entry = proc.pending.get((peer, idx))
+        if not proc.alive or entry is None or entry[0] != sent:
+            return
+        if guessed and proc.download.durations:
+            deadline = sent + proc.download.request_timeout(peer)
+            if deadline > self.now:
+                self.at(deadline, self.check_timeout, proc, peer, idx, sent, False)
+                return
+        self.timeouts += 1
+        self.cancel(proc, peer, idx)
+        self.failed(proc.name, peer, idx, "stalled")
+
+    def cancel(self, proc: Proc, peer: str, idx: int) -> None:
+        """``proc`` gives up on a request that has no byte yet. (The engine's
+        uploader notices when it reaches the request; here it is dropped at once.)"""
+        _, transfer = proc.pending.pop((peer, idx))
+        if transfer is not None and transfer in transfer.uploader.queue.waiting():
+            up = transfer.uploader
+            up.queue.remove(transfer)
+            up.policy.finished(idx, ok=False, weak=proc.relay_only)
+
     def failed(self, requester: str, peer: str, idx: int, outcome: str) -> None:
         proc = self.procs[requester]
         if not proc.alive or proc.download is None:
             return
+        proc.pending.pop((peer, idx), None)
         proc.download.on_failed(
             peer, idx, self.now, busy=outcome == "busy", declined=outcome == "ask_others",
             stalled=outcome == "stalled",
@@ -308,11 +344,10 @@ class Simulation:
 
     def request_arrives(self, uploader_name: str, requester: str, idx: int) -> None:
         uploader, proc = self.procs[uploader_name], self.procs[requester]
-        if not uploader.alive:
-            # It left while the request was on its way: the request times out.
-            if proc.alive:
-                timeout = proc.download.request_timeout(uploader_name)
-                self.at(self.now + timeout, self.failed, requester, uploader_name, idx, "stalled")
+        entry = proc.pending.get((uploader_name, idx))
+        if not uploader.alive or entry is None:
+            # It left while the request was on its way (the request times
+            # out), or the requester has given up on it.
             return
         latency = uploader.latency_s + proc.latency_s
         offer = uploader.policy.offered()
@@ -321,12 +356,11 @@ class Simulation:
             self.at(self.now + latency, self.failed, requester, uploader_name, idx, verdict)
             return
         self.announce_offer(uploader, offer)
-        priority = uploader.policy.priority(requester, self.holders(uploader, idx))
-        uploader.queue.push(priority, Transfer(uploader, proc, idx, float(self.chunk)))
+        # (The engine reads what the requester holds from its latest Have.)
+        priority = uploader.policy.priority(requester, shared=len(uploader.held & proc.held))
+        entry[1] = Transfer(uploader, proc, idx, float(self.chunk))
+        uploader.queue.push(priority, entry[1])
         self.refill(uploader)
-
-    def holders(self, uploader: Proc, idx: int) -> int:
-        return sum(1 for n in uploader.neighbours if idx in self.procs[n].held)
 
     def announce_offer(self, seed: Proc, before: frozenset[int]) -> None:
         """The seed's Have goes out when the chunks it offers change."""
@@ -401,6 +435,7 @@ class Simulation:
     def refill(self, up: Proc) -> None:
         self.advance(up)
         for transfer in up.queue.pop_ready():
+            transfer.requester.pending.pop((up.name, transfer.idx), None)  # its bytes flow
             up.active.append(transfer)
             self.attach(transfer)
         self.reschedule(up)
@@ -430,6 +465,10 @@ class Simulation:
             return
         proc.download.on_done(uploader, idx, self.now)
         proc.download.trusted.add(uploader)  # as the engine does
+        # An endgame copy that has no byte yet ends as a stall (as the engine's).
+        for peer, i in [key for key in proc.pending if key[1] == idx]:
+            self.cancel(proc, peer, i)
+            self.failed(proc.name, peer, i, "stalled")
         proc.held.add(idx)
         if proc.download.complete and proc.done_at is None:
             proc.done_at = self.now
@@ -479,6 +518,7 @@ def simulate(args: argparse.Namespace) -> dict:
         "kumar_ross_s": round(bounds["kumar_ross_s"], 3),
         "seed_copies": round(sim.procs[SEED].uploaded / (sim.n_chunks * sim.chunk), 2),
         "seed_first_push_s": sim.procs[SEED].first_push_done,
+        "timeouts": sim.timeouts,
     }
     if times:
         out.update(

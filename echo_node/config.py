@@ -64,8 +64,8 @@ class NodeConfig(ConnectionSettings):
         "keeps every receipt)", lo=0.01,
     )
     max_peers: int = setting(
-        16, "swarm neighbours to exchange weights with: at least this many, and this many per 20 Mbit/s "
-        "of --max-upload-mbit, up to 128", lo=1,
+        16, "swarm neighbours to dial for weights: at least this many, and this many per 20 Mbit/s "
+        "of --max-upload-mbit, up to 128; peers that dial us are accepted up to twice that", lo=1,
     )
     threads: int = setting(
         0, "CPU threads for generation (0: physical cores minus one, so the volunteer keeps a core)", lo=0

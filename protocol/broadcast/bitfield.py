@@ -14,6 +14,11 @@ def encode(chunks: Iterable[int], n_chunks: int) -> bytes:
     return bytes(out)
 
 
+def common(a: bytes, b: bytes) -> int:
+    """How many chunks two bitfields of one version both name."""
+    return sum((x & y).bit_count() for x, y in zip(a, b))
+
+
 def decode(data: bytes, n_chunks: int) -> frozenset[int]:
     if len(data) != (n_chunks + 7) // 8:
         raise DecodeError(f"bitfield of {len(data)} bytes for {n_chunks} chunks")

@@ -20,6 +20,7 @@ import trio
 from libp2p.abc import INetStream
 
 from protocol import codec
+from protocol.broadcast import bitfield
 from protocol.broadcast.ratelimit import TokenBucket
 from protocol.broadcast.uploads import UploadPolicy, UploadQueue
 from protocol.errors import ProtocolError
@@ -84,7 +85,7 @@ class ChunkServer:
         ok = False
         try:
             reply = ChunkData(e.job_id, req.version, req.index, data)
-            async with self._slot(policy.priority(peer, self._holders(req.version, req.index))):
+            async with self._slot(policy.priority(peer, self._shared(peer, req.version))):
                 # A requester that stops reading would hold an upload slot
                 # for ever: each piece must leave within stall_s.
                 with trio.CancelScope() as scope:
@@ -130,21 +131,14 @@ class ChunkServer:
         for ready in self._queue.pop_ready():
             ready.set()
 
-    def _holders(self, version: int, idx: int) -> int:
-        """How many neighbours announce chunk ``idx`` of ``version``."""
+    def _shared(self, peer: str, version: int) -> int:
+        """How many of the chunks of ``version`` we hold ``peer`` announces too."""
         m = self.engine.store.manifests.get(version)
-        if m is None:
+        theirs = self.engine.neighbours.get(peer)
+        if m is None or theirs is None or theirs.version != version or theirs.manifest_digest != manifest_digest(m):
             return 0
-        digest, byte, bit = manifest_digest(m), idx // 8, 1 << (idx % 8)
-        return sum(
-            1
-            for h in self.engine.neighbours.values()
-            if h is not None
-            and h.version == version
-            and h.manifest_digest == digest
-            and len(h.bitfield) > byte
-            and h.bitfield[byte] & bit
-        )
+        ours = bitfield.encode(self.engine.store.chunks_held(version), len(m.chunk_hashes))
+        return bitfield.common(ours, theirs.bitfield)
 
     def _policy(self, version: int) -> UploadPolicy:
         e = self.engine

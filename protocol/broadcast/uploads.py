@@ -7,8 +7,8 @@ it offers (announces) only the chunks not yet sent in the current round, so
 each chunk enters the swarm once before any goes twice, and in the first
 round it serves only peers that can relay (not peers reached through a relay,
 whose uplink is capped). The swarm does the relaying. ``UploadQueue`` orders
-the admitted requests: the rarest chunk first, or for the seed the requester
-it has sent the fewest chunks.
+the admitted requests: the requester furthest behind first, or for the seed
+the requester it has sent the fewest chunks.
 """
 
 from __future__ import annotations
@@ -72,12 +72,19 @@ class UploadPolicy:
         self._behind = sum(1 for n in self.delivered if n == self._round)
         self._offered = frozenset(i for i, n in enumerate(self.served) if n == self._round)
 
-    def priority(self, peer: str, holders: int) -> int:
-        """Where a request admitted for ``peer`` waits in the ``UploadQueue``:
-        a relay puts the chunk fewer neighbours hold (``holders``) first; the
-        seed, the requester it has sent fewer chunks, so that fresh chunks
-        spread evenly over the peers that relay them."""
-        return self._sent_to.get(peer, 0) if self.is_seed else holders
+    def priority(self, peer: str, shared: int) -> int:
+        """Where a request admitted for ``peer`` waits in the ``UploadQueue``.
+
+        A relay serves first the requester that holds fewest of the chunks
+        it holds (``shared``, from the requester's Have): the one furthest
+        behind, so that nobody falls back in the swarm. (Serving the rarest
+        chunk first instead let nodes with weak neighbourhoods fall further
+        behind, since what they miss is common: simulator, 300 nodes, the
+        heterogeneous tail 1.39 -> 1.28 x Kumar-Ross and equal links 1.18 ->
+        1.14 x.) The seed serves first the requester it has sent fewer
+        chunks, so that fresh chunks spread evenly over the peers that relay
+        them."""
+        return self._sent_to.get(peer, 0) if self.is_seed else shared
 
     def allow(self, idx: int, peer: str = "", weak: bool = False) -> str:
         """May this process serve chunk ``idx`` to ``peer`` now? ``weak``:
@@ -130,9 +137,8 @@ class UploadQueue:
 
     Lower ``priority`` first, within a bound: a request pushed with priority
     p lets at most p requests that came after it go ahead, so none waits long
-    enough to time out. A relay's priority is how many neighbours hold the
-    chunk (one only a few peers have is what the swarm waits for at the end
-    of a broadcast); the seed's, how many chunks it sent the requester
+    enough to time out. A relay's priority is how many of its chunks the
+    requester holds; the seed's, how many chunks it sent the requester
     (``UploadPolicy.priority``). Items are whatever the caller uses to start
     an upload; ``pop_ready`` hands out those that may start now.
     """

@@ -1,5 +1,6 @@
 import random
 
+from protocol.broadcast import bitfield
 from protocol.broadcast.scheduler import Download, SchedulerConfig
 from protocol.broadcast.uploads import UploadPolicy, UploadQueue
 
@@ -158,22 +159,30 @@ def test_queue_bound():
     assert p.allow(3) == "ok"
 
 
-def test_uploads_start_rarest_chunk_first_within_bounds():
+def test_uploads_start_furthest_behind_first_within_bounds():
     q = UploadQueue(slots=1)
     q.push(5, "first")
     assert q.pop_ready() == ["first"]
-    q.push(2, "held by 2")
-    q.push(0, "rare")
+    q.push(2, "holds 2 of ours")
+    q.push(0, "holds none")
     q.push(9, "given up")
     q.remove("given up")  # it still counts as one that came after
-    q.push(0, "rare three")
+    q.push(0, "holds none either")
     assert q.pop_ready() == []  # the slot is taken
     order = []
     for _ in range(3):
         q.done()
         order += q.pop_ready()
-    # Two later requests go first, then the chunk held by two waits no longer.
-    assert order == ["rare", "held by 2", "rare three"] and len(q) == 0
+    # Two later requests go first, then the one holding two waits no longer.
+    assert order == ["holds none", "holds 2 of ours", "holds none either"] and len(q) == 0
+
+
+def test_a_relay_ranks_requesters_by_the_chunks_they_share_with_it():
+    ours = bitfield.encode({0, 1, 2, 5, 9}, 12)
+    assert bitfield.common(ours, bitfield.encode({1, 5, 9, 10, 11}, 12)) == 3
+    assert bitfield.common(ours, bitfield.encode(set(), 12)) == 0
+    relay = UploadPolicy(n_chunks=12, max_admitted=4, is_seed=False)
+    assert relay.priority("behind", shared=0) < relay.priority("ahead", shared=3)
 
 
 def test_strangers_get_few_requests():
@@ -304,10 +313,10 @@ def test_the_seed_serves_first_whom_it_has_sent_least():
     for idx in range(3):
         assert p.allow(idx, "a") == "ok"
     assert p.allow(3, "b") == "ok"
-    assert p.priority("a", holders=0) == 3 and p.priority("b", holders=0) == 1
-    assert p.priority("c", holders=5) == 0  # nothing sent yet: first in line
+    assert p.priority("a", shared=0) == 3 and p.priority("b", shared=0) == 1
+    assert p.priority("c", shared=5) == 0  # nothing sent yet: first in line
     relay = UploadPolicy(n_chunks=8, max_admitted=10, is_seed=False)
-    assert relay.priority("a", holders=5) == 5  # a relay orders by rarity
+    assert relay.priority("a", shared=5) == 5  # a relay serves first who lacks most of its chunks
 
 
 def test_fast_uplinks_get_more_slots_and_neighbours():
@@ -318,4 +327,5 @@ def test_fast_uplinks_get_more_slots_and_neighbours():
     assert (c.slots(20), c.admitted(20), c.neighbour_limit(20)) == (2, 6, 16)
     assert (c.slots(200), c.admitted(200), c.neighbour_limit(200)) == (20, 60, 128)
     assert c.neighbour_limit(50) == 40
-    assert c.admitted(20, seed=True) == 16 * 2  # every neighbour's requests
+    assert (c.accept_limit(0), c.accept_limit(200)) == (32, 256)  # peers that dial us: room beyond our own dials
+    assert c.admitted(20, seed=True) == 32 * 2  # every neighbour's requests
