@@ -1,16 +1,19 @@
-"""Sync vs async training under emulated wide-area links, for the same wall time.
+"""Sync vs async training under emulated wide-area links, for the same number of steps.
 
 Runs the same job twice as real processes on 127.0.0.1 (bootstrap, learner,
-N nodes): once in sync mode, once in async mode with staleness S. Every
-process's upload is capped (--upload-mbit) and every node waits --delay-ms
-before each work request and each rollout submission. Each run lasts
---budget-s seconds of the learner's clock.
+N nodes): once in sync mode, once in async mode with staleness S, each for
+--steps training steps. Every process's upload is capped (--upload-mbit) and
+every node waits --delay-ms before each work request and each rollout
+submission. The learner runs pinned to its own core(s) and the nodes to the
+others (``os.sched_setaffinity``), so that the comparison measures
+scheduling, not contention for the CPU.
 
 Prints (``--json``) the time each mode took to reach --threshold (mean reward
-over the last 5 steps), the final rewards (mean of the last 10 steps), the
-learner utilization measured in the async run, and the capacity model's
-forecast of it, computed from the sync run's measurements alone, before the
-async run starts.
+over the last 5 steps) and their ratio, the rewards at the same step count
+(mean of the last 10 steps) and their gap, the learner utilization measured in
+the async run, the mean error of the capacity model's live forecasts made
+during it (each forecast of the next minute checked against that minute), and
+the share of batches refused for being out of the staleness window.
 
     python bench/convergence.py --json
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -29,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from echo_learner.capacity import forecast  # noqa: E402
+from echo_learner.verify import OUT_OF_WINDOW  # noqa: E402
 from localswarm import SwarmError, local_swarm  # noqa: E402
 
 PUBLISH_EVERY = 3
@@ -49,36 +53,54 @@ def time_to_threshold(metrics: list[dict], threshold: float) -> float | None:
     return None
 
 
-def run(mode: str, args: argparse.Namespace, root: Path) -> list[dict]:
+def pinning(nodes: int) -> dict[str, set[int]]:
+    """CPU sets by process name: the learner on its own core (two if there are
+    eight or more), everything else on the rest; none on a 1-CPU machine."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return {}
+    learner, rest = cpus[: 2 if len(cpus) >= 8 else 1], cpus[2 if len(cpus) >= 8 else 1 :]
+    return {"learner": set(learner), "bootstrap": set(rest), **{f"node{i}": set(rest) for i in range(nodes)}}
+
+
+def run(mode: str, args: argparse.Namespace, root: Path, cpus: dict[str, set[int]]) -> list[dict]:
     cap = ("--max-upload-mbit", str(args.upload_mbit))
     with local_swarm(root) as swarm:
+        swarm.cpus = cpus
         swarm.start_bootstrap()
         learner = swarm.start_learner(
             "--mode", mode, "--staleness", str(args.staleness), "--publish-every", str(args.publish_every),
-            "--steps", "1000000",
+            "--steps", str(args.steps),
             "--seed", str(args.seed), *cap,
         )
         for i in range(args.nodes):
             swarm.start_node(i, *cap, "--emulate-delay-ms", str(args.delay_ms))
-        deadline = time.monotonic() + args.budget_s + 120  # start-up allowance
-        while True:
-            metrics = swarm.metrics()
-            if metrics and metrics[-1]["elapsed_s"] >= args.budget_s:
-                break
-            if learner.poll() is not None:
+        deadline = time.monotonic() + args.timeout_s
+        while len(swarm.metrics()) < args.steps:
+            if learner.poll() is not None and len(swarm.metrics()) < args.steps:
                 raise SwarmError(f"{mode}: learner exited {learner.returncode}; see {root}/learner.log")
             if time.monotonic() > deadline:
-                raise SwarmError(f"{mode}: budget not reached in time; see {root}")
+                raise SwarmError(f"{mode}: {args.steps} steps not done in {args.timeout_s:.0f} s; see {root}")
             time.sleep(0.5)  # polling the learner's metrics file
+        learner.wait(timeout=120)  # it stops by itself after --steps (checkpoint, ledger)
         codes = swarm.stop_all()
     if any(codes.values()):
         raise SwarmError(f"{mode}: processes did not leave cleanly: {codes}")
-    return [m for m in swarm.metrics() if m["elapsed_s"] <= args.budget_s]
+    return swarm.metrics()[: args.steps]
+
+
+def stale_refused_fraction(metrics: list[dict]) -> float:
+    """Batches refused as out of the staleness window, of all batches judged
+    (every node here is honest)."""
+    last = metrics[-1]
+    judged = last["batches_accepted"] + last["batches_refused"]
+    return round(last["refusals"].get(OUT_OF_WINDOW, 0) / judged, 4) if judged else 0.0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-s", type=float, default=300, help="learner seconds per mode (300)")
+    parser.add_argument("--steps", type=int, default=60, help="training steps per mode (60)")
+    parser.add_argument("--timeout-s", type=float, default=1800, help="give up on a mode after this long (1800)")
     parser.add_argument("--nodes", type=int, default=3, help="volunteer nodes (3)")
     parser.add_argument("--staleness", type=int, default=2, help="async staleness bound S (2)")
     parser.add_argument("--publish-every", type=int, default=PUBLISH_EVERY,
@@ -87,57 +109,51 @@ def main() -> int:
     parser.add_argument("--threshold", type=float, default=0.5, help="reward threshold (0.5)")
     parser.add_argument("--upload-mbit", type=float, default=20, help="every process's upload cap (20)")
     parser.add_argument("--delay-ms", type=float, default=50, help="delay before each work/rollout message (50)")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin the learner and nodes to separate cores")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dir", type=Path, default=None, help="keep logs here (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    if args.steps < FINAL:
+        parser.error(f"--steps must be at least {FINAL}")
 
     base = args.dir or Path(tempfile.mkdtemp(prefix="echo-convergence-"))
     shutil.rmtree(base / "sync", ignore_errors=True)
     shutil.rmtree(base / "async", ignore_errors=True)
+    cpus = {} if args.no_pin else pinning(args.nodes)
     started = time.monotonic()
-    if args.only_async:
-        async_ = run("async", args, base / "async")
-        print(json.dumps({"async_time_to_threshold_s": time_to_threshold(async_, args.threshold),
-                          "async_steps": len(async_), "last": async_[-1]}))
-        return 0
-    sync = run("sync", args, base / "sync")
-    # The forecast uses only what the sync run measured.
-    measured = dict(sync[-1]["capacity"], staleness=args.staleness, publish_every=args.publish_every)
-    predicted = forecast(**measured).utilization
-    async_ = run("async", args, base / "async")
-
-    sync_t = time_to_threshold(sync, args.threshold)
-    async_t = time_to_threshold(async_, args.threshold)
+    async_ = run("async", args, base / "async", cpus)
     result = {
-        "budget_s": args.budget_s,
+        "steps": args.steps,
         "nodes": args.nodes,
         "staleness": args.staleness,
         "publish_every": args.publish_every,
         "upload_mbit": args.upload_mbit,
         "delay_ms": args.delay_ms,
         "threshold": args.threshold,
-        "sync_steps": len(sync),
-        "async_steps": len(async_),
-        "sync_time_to_threshold_s": sync_t,
-        "async_time_to_threshold_s": async_t,
-        "async_over_sync_time": round(async_t / sync_t, 3) if sync_t and async_t else None,
-        "sync_final_reward": round(mean([m["reward_mean"] for m in sync[-FINAL:]]), 4),
+        "pinning": {"learner": sorted(cpus["learner"]), "nodes": sorted(cpus["node0"])} if cpus else None,
+        "async_time_to_threshold_s": time_to_threshold(async_, args.threshold),
+        "async_s": async_[-1]["elapsed_s"],
         "async_final_reward": round(mean([m["reward_mean"] for m in async_[-FINAL:]]), 4),
-        "sync_learner_utilization": sync[-1]["utilization"],
         "async_learner_utilization": async_[-1]["utilization"],
-        "predicted_learner_utilization": round(predicted, 4),
-        "forecast_inputs": measured,
+        "forecast_error": async_[-1]["forecast_error"],
+        "stale_refused_fraction": stale_refused_fraction(async_),
         "async_mean_staleness": round(mean([m["staleness"] for m in async_]), 3),
-        "wall_s": round(time.monotonic() - started, 1),
     }
-    # Per-step learning quality: async's reward after as many steps as sync took.
-    n = min(len(sync), len(async_))
-    result["async_reward_at_sync_steps"] = round(
-        mean([m["reward_mean"] for m in async_[max(0, n - FINAL) : n]]), 4
-    )
-    result["final_reward_gap"] = round(abs(result["sync_final_reward"] - result["async_final_reward"]), 4)
-    result["forecast_error"] = round(abs(predicted - result["async_learner_utilization"]), 4)
+    if not args.only_async:
+        sync = run("sync", args, base / "sync", cpus)
+        sync_t, async_t = time_to_threshold(sync, args.threshold), result["async_time_to_threshold_s"]
+        result.update(
+            sync_time_to_threshold_s=sync_t,
+            sync_s=sync[-1]["elapsed_s"],
+            async_over_sync_time=round(async_t / sync_t, 3) if sync_t and async_t else None,
+            sync_final_reward=round(mean([m["reward_mean"] for m in sync[-FINAL:]]), 4),
+            sync_learner_utilization=sync[-1]["utilization"],
+            sync_stale_refused_fraction=stale_refused_fraction(sync),
+        )
+        # Both ran the same number of steps: the rewards at equal steps.
+        result["plateau_gap"] = round(abs(result["sync_final_reward"] - result["async_final_reward"]), 4)
+    result["wall_s"] = round(time.monotonic() - started, 1)
     if args.json:
         print(json.dumps(result))
     else:

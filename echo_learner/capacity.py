@@ -8,17 +8,27 @@ and the learner's busy fraction. Each node's rollout throughput comes from
 
 - sync: a step waits for the version to spread and for a whole batch to be
   generated with it, so ``period = train + publish + broadcast + B / R``.
-- async, staleness S, publish every K steps: generation overlaps training,
-  so the learner's own compute per step is training plus verifying the next
-  B rollouts (the log-prob recompute; in sync mode it hides in the wait for
-  rollouts) plus a K-th of a publish. The learner is starved if rollouts
-  arrive slower than it consumes them (``B / R``) or if a rollout's trip
-  (broadcast + work cycle) spans more than the S versions the window allows,
-  which happens in ``K * S`` steps:
-  ``period = max(train + verify + publish / K, B / R, (broadcast + cycle) / (K * S))``.
+- async, staleness S, K steps per version (at least ``--publish-every``:
+  publishing is paced, ``publish_due``): generation overlaps training, so the
+  learner's own work per step is training plus a K-th of a publish (and
+  checkpoints: measured together, per step, as ``bookkeeping``). The
+  log-prob recompute that verifies the next B rollouts runs beside the
+  training step (another thread; where they share a core, the measured
+  train time already holds the contention), and must keep pace. The learner
+  is starved if rollouts arrive slower than it consumes them (``B / R``) or
+  if a rollout's trip (broadcast + work cycle) spans more than the S
+  versions the window allows, which happens in ``K * S`` steps:
+  ``period = max(train + bookkeeping, verify, B / R, (broadcast + cycle) / (K * S))``.
+  (Adding verify to the train time instead forecast 0.5 where 0.93 was
+  measured: bench/convergence.py, learner pinned to one core.)
 
 Utilization is ``train / period``; the rollout rate needed to keep the
-learner busy is ``B / (train + verify + publish / K)``.
+learner busy is ``B / (train + bookkeeping)``.
+
+The forecast is checked against what happens: ``CapacityMeter.on_forecast``
+keeps each forecast of the next ``window_s`` seconds until they have passed,
+then compares it with the utilization measured over them; ``forecast_error``
+is the mean absolute difference of the recent ones.
 """
 
 from __future__ import annotations
@@ -29,6 +39,13 @@ from collections import deque
 from dataclasses import asdict, dataclass
 
 EWMA = 0.2
+# Forecasts kept per window (one every window_s / FORECASTS_PER_WINDOW
+# seconds), and settled forecasts whose errors are averaged.
+FORECASTS_PER_WINDOW = 12
+ERRORS_KEPT = 60
+# Steps trained before the first forecast: the first steps' times (model
+# warm-up, the first versions spreading) say little about the next minute.
+WARMUP_STEPS = 10
 
 
 def running_mean(old: float, new: float, weight: float = EWMA) -> float:
@@ -58,21 +75,29 @@ def forecast(
     broadcast_s: float,
     cycle_s: float,
     supply_rps: float,
+    bookkeeping_s: float = 0.0,
 ) -> Forecast:
-    busy = train_s + publish_s / publish_every + (verify_s if staleness > 0 else 0.0)
+    # The learner's own time per step: training, then publishing and
+    # checkpoints (measured per step; before that, a K-th of a publish).
+    busy = train_s + (bookkeeping_s or publish_s / publish_every)
     needed = rollouts_per_step / busy if busy > 0 else 0.0
     generate_s = rollouts_per_step / supply_rps if supply_rps > 0 else float("inf")
     if staleness == 0:
-        period = train_s + publish_s + broadcast_s + generate_s
+        period = train_s + max(publish_s, bookkeeping_s) + broadcast_s + generate_s
     else:
-        period = max(busy, generate_s, (broadcast_s + cycle_s) / (publish_every * staleness))
+        period = max(busy, verify_s, generate_s, (broadcast_s + cycle_s) / (publish_every * staleness))
     utilization = min(1.0, train_s / period) if period > 0 else 0.0
-    trip_bound = staleness > 0 and period > max(busy, generate_s)
+    trip_bound = staleness > 0 and period > max(busy, verify_s, generate_s)
     if trip_bound:
         k = math.ceil((broadcast_s + cycle_s) / (staleness * busy))
         verdict = (
             f"versions spread slower than the staleness window allows: "
             f"publish every {k} steps (--publish-every) or raise --staleness"
+        )
+    elif staleness > 0 and period == verify_s and verify_s > busy:
+        verdict = (
+            f"verifying a batch takes {verify_s:.2f} s, a step {busy:.2f} s: the log-prob recompute holds "
+            f"the learner back (a faster or a separate device for it)"
         )
     elif supply_rps <= 0:
         verdict = "no rollout throughput measured yet"
@@ -83,24 +108,62 @@ def forecast(
     return Forecast(utilization, needed, supply_rps, verdict)
 
 
+def publish_due(*, publish_every: int, steps_since: int, since_publish_s: float, broadcast_s: float) -> bool:
+    """Async pacing: publish after ``publish_every`` steps, and no sooner than
+    a version takes to reach the nodes (``broadcast_s``, measured): versions
+    published faster than they spread only make nodes generate with versions
+    ever further behind, whose batches then fall out of the staleness window."""
+    return steps_since >= publish_every and since_publish_s >= broadcast_s
+
+
+def window_left_s(
+    *, version: int, current: int, staleness: int, publish_every: int, steps_since: int, step_period_s: float
+) -> float:
+    """Seconds until ``version`` leaves the staleness window, if the learner
+    goes on publishing every ``publish_every`` steps of ``step_period_s``:
+    it leaves when version + staleness + 1 is published."""
+    steps = (version + staleness - current) * publish_every + max(1, publish_every - steps_since)
+    return max(0.0, steps * step_period_s)
+
+
 class CapacityMeter:
     def __init__(self, window_s: float):
         self.window_s = window_s
         self.started = time.monotonic()
         self.train_s = 0.0
+        self.bookkeeping_s = 0.0  # per step, after training: publishing, checkpoints
+        # The learner's pace: seconds from one step's start to the next's
+        # (training plus waiting for rollouts), and steps since the last publish.
+        self.step_period_s = 0.0
+        self.steps_since_publish = 0
+        self.steps_per_version = 0.0  # measured: publishing is paced (see Learner.publish_due)
+        self.last_published = 0.0
+        self._last_start = 0.0
         self.publish_s = 0.0
         self.broadcast_s = 0.0
         self.verify_s_per_rollout = 0.0
         self._busy: deque[tuple[float, float]] = deque()  # (start, end) of train steps
+        self._forecasts: deque[tuple[float, float]] = deque()  # (made at, utilization) not yet settled
+        self._errors: deque[float] = deque(maxlen=ERRORS_KEPT)
+        self.last_settled: tuple[float, float] | None = None  # (forecast, measured)
         self._published: dict[int, float] = {}  # version -> monotonic time
         # (peer, version) -> seconds from publishing the version until the peer held it
         self._arrived: dict[tuple[str, int], float] = {}
 
     def on_train(self, start: float, end: float) -> None:
         self.train_s = running_mean(self.train_s, end - start)
+        if self._last_start:
+            self.step_period_s = running_mean(self.step_period_s, start - self._last_start)
+        self._last_start = start
+        self.steps_since_publish += 1
         self._busy.append((start, end))
-        while self._busy and self._busy[0][1] < end - self.window_s:
+        # Kept two windows: a forecast made a window ago is settled over them.
+        while self._busy and self._busy[0][1] < end - 2 * self.window_s:
             self._busy.popleft()
+
+    def on_bookkeeping(self, seconds: float) -> None:
+        """After a step, the learner spent ``seconds`` publishing and checkpointing."""
+        self.bookkeeping_s = running_mean(self.bookkeeping_s, seconds)
 
     def on_verify(self, seconds: float, rollouts: int) -> None:
         """The log-prob recompute of one batch took ``seconds``."""
@@ -108,6 +171,10 @@ class CapacityMeter:
 
     def on_publish(self, version: int, start: float, end: float) -> None:
         self.publish_s = running_mean(self.publish_s, end - start)
+        if self.steps_since_publish:
+            self.steps_per_version = running_mean(self.steps_per_version, self.steps_since_publish)
+        self.steps_since_publish = 0
+        self.last_published = end
         self._published[version] = end
         for old in sorted(self._published)[:-8]:
             del self._published[old]
@@ -131,9 +198,33 @@ class CapacityMeter:
         got it (None before any node has it)."""
         return max((s for (_, v), s in self._arrived.items() if v == version), default=None)
 
-    def utilization(self) -> float:
+    def utilization(self, now: float | None = None) -> float:
         """Fraction of the last ``window_s`` seconds spent in training steps."""
-        now = time.monotonic()
-        start = max(self.started, now - self.window_s)
-        busy = sum(max(0.0, min(e, now) - max(s, start)) for s, e in self._busy)
-        return busy / (now - start) if now > start else 0.0
+        now = time.monotonic() if now is None else now
+        return self._busy_fraction(max(self.started, now - self.window_s), now)
+
+    def _busy_fraction(self, start: float, end: float) -> float:
+        busy = sum(max(0.0, min(e, end) - max(s, start)) for s, e in self._busy)
+        return busy / (end - start) if end > start else 0.0
+
+    def on_forecast(self, utilization: float, now: float | None = None) -> None:
+        """The model forecasts ``utilization`` over the next ``window_s``
+        seconds; kept (at most one per ``window_s / FORECASTS_PER_WINDOW``)
+        until they have passed. Also settles the forecasts that are due."""
+        now = time.monotonic() if now is None else now
+        self.settle(now)
+        if not self._forecasts or now - self._forecasts[-1][0] >= self.window_s / FORECASTS_PER_WINDOW:
+            self._forecasts.append((now, utilization))
+
+    def settle(self, now: float | None = None) -> None:
+        """Compare each forecast whose window has passed with what happened."""
+        now = time.monotonic() if now is None else now
+        while self._forecasts and self._forecasts[0][0] + self.window_s <= now:
+            made, predicted = self._forecasts.popleft()
+            measured = self._busy_fraction(made, made + self.window_s)
+            self._errors.append(abs(predicted - measured))
+            self.last_settled = (predicted, measured)
+
+    def forecast_error(self) -> float | None:
+        """Mean absolute error of the recent settled forecasts (None: none yet)."""
+        return sum(self._errors) / len(self._errors) if self._errors else None

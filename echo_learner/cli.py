@@ -283,6 +283,16 @@ def api_get(args: argparse.Namespace, path: str) -> Any:
         fail(PROG, f"the learner's status API at {url} did not answer: {exc}")
 
 
+def forecast_check(cap: dict) -> str:
+    """How the capacity forecasts of the past minutes fared, in words."""
+    if cap.get("forecast_error") is None:
+        return "none checked yet (each is checked once its minute has passed)"
+    return (
+        f"mean error {cap['forecast_error']:.2f}; the last said {cap['last_forecast']:.0%}, "
+        f"then {cap['last_measured']:.0%} happened"
+    )
+
+
 def show(args: argparse.Namespace) -> None:
     if args.command == "status":
         data = api_get(args, "/api/status")
@@ -310,7 +320,8 @@ def show(args: argparse.Namespace) -> None:
             f"learner    utilization {data['utilization']:.0%} (train {m['train_s']:.3f} s/step, "
             f"publish {m['publish_s']:.3f} s, broadcast {m['broadcast_s']:.3f} s)\n"
             f"capacity   forecast utilization {cap['utilization']:.0%}; {cap['verdict']} "
-            f"(have {cap['supply_rollouts_per_s']:.1f}, need {cap['needed_rollouts_per_s']:.1f} rollouts/s)"
+            f"(have {cap['supply_rollouts_per_s']:.1f}, need {cap['needed_rollouts_per_s']:.1f} rollouts/s)\n"
+            f"forecasts  {forecast_check(cap)}"
         )
         for b in data["bootstrap"]:
             state = {None: "not asked yet", True: f"answers ({b['rtt_ms']} ms)"}.get(

@@ -46,7 +46,10 @@ class LearnerConfig(ConnectionSettings):
     # hold one inside the window: at 20 Mbit/s + 50 ms links K=1 left the
     # learner 23 % busy and no faster than sync, K=3 63 % and 1.9x faster
     # (bench/convergence.py; `echo-learner status` recommends a K).
-    publish_every: int = setting(3, "async: publish a new version every K steps", lo=1, hi=1000)
+    publish_every: int = setting(
+        3, "async: publish a new version every K steps, and no sooner than a version takes to reach the "
+        "nodes (measured)", lo=1, hi=1000,
+    )
     buffer_steps: int = setting(
         2, "async: prompts in flight plus verified groups waiting, in training steps' worth", lo=1, hi=64
     )

@@ -11,6 +11,7 @@ page through its own receipts. Every handler runs under ``protocol.rpc.serve``
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -20,7 +21,7 @@ import trio
 from libp2p.abc import INetStream
 
 from echo_learner import fairness
-from echo_learner.capacity import CapacityMeter
+from echo_learner.capacity import CapacityMeter, window_left_s
 from echo_learner.config import LearnerConfig
 from echo_learner.ledger import CREDIT_PER_TOKEN, Ledger, Row
 from echo_learner.peers import PeerBook, PeerStats
@@ -28,7 +29,7 @@ from echo_learner.pool import Assignment, PromptPool, Rollouts
 from echo_learner.sizing import Worker, prompts_for
 from echo_learner.tasks.base import Task
 from echo_learner.trainer import ScoredGroup
-from echo_learner.verify import ACCEPTED, Limits, Policies, Window, verify_batch
+from echo_learner.verify import ACCEPTED, OUT_OF_WINDOW, Limits, Policies, Window, verify_batch
 from protocol import codec
 from protocol.errors import ProtocolError
 from protocol.identity import Identity
@@ -146,7 +147,7 @@ class Ingest:
                         work.BANNED, "too many strikes (refused batches, prompts left unanswered); try again later"
                     )
                 version = self.current_version()
-                wanted = min(req.max_prompts, self._sized_for(peer), self._room_for(peer))
+                wanted = min(req.max_prompts, self._sized_for(peer, req), self._room_for(peer))
                 taken = self.pool.take(peer, wanted, version) if wanted else []
                 if taken:
                     self.peers.seen(peer).assigned += len(taken)
@@ -177,9 +178,29 @@ class Ingest:
             return False
         return self.peers.any_proven_active(self.config.assignment_timeout_s)
 
-    def _sized_for(self, peer: str) -> int:
+    def _window_left_s(self, req: WorkRequest) -> float:
+        """Seconds until the version a node asking ``req`` will generate with
+        leaves the staleness window, at the learner's measured pace (inf in
+        sync mode, or before the pace is measured). That is the version it
+        holds if still in the window; else the current one, less the time
+        to fetch it."""
+        cfg, meter = self.config, self.meter
+        if cfg.window == 0 or meter.step_period_s <= 0:
+            return math.inf
+        current, version, fetch_s = self.current_version(), req.held_version, 0.0
+        if version not in self.window():
+            version, fetch_s = current, meter.broadcast_s
+        left = window_left_s(
+            version=version, current=current, staleness=cfg.window, publish_every=cfg.publish_every,
+            steps_since=meter.steps_since_publish, step_period_s=meter.step_period_s,
+        )
+        return max(0.0, left - fetch_s)
+
+    def _sized_for(self, peer: str, req: WorkRequest) -> int:
         """Prompts ``peer`` finishes by the end of the round and well inside
-        the deadline (echo_learner.sizing)."""
+        the deadline (echo_learner.sizing); in async mode the deadline is
+        also the version it will use leaving the window (admission control:
+        work it cannot return in time is not handed out)."""
         cfg = self.config
         if not cfg.size_work:
             return cfg.prompts_per_request
@@ -195,7 +216,8 @@ class Ingest:
 
         swarm = {s.peer: worker(s) for s in self.peers.active(cfg.assignment_timeout_s) if s.rate > 0}
         return prompts_for(
-            stats.rate if stats else 0.0, cfg.assignment_timeout_s, cfg.group_size, cfg.prompts_per_request,
+            stats.rate if stats else 0.0, min(cfg.assignment_timeout_s, self._window_left_s(req)),
+            cfg.group_size, cfg.prompts_per_request,
             held=held[peer], busy_s=swarm[peer].busy_s if peer in swarm else 0.0, swarm=list(swarm.values()),
             unassigned=self.pool.unassigned(), handed_this_round=self.pool.handed(peer),
         )
@@ -299,6 +321,10 @@ class Ingest:
         else:
             self.counters.batches_refused += 1
             event(log, logging.INFO, "refused batch", peer=sender, reason=reason, version=batch.version)
+            if reason == OUT_OF_WINDOW:
+                # Made in good faith with a version we have since left behind:
+                # its prompts go out again now, and their lapse is no strike.
+                self.pool.release(sender, [g.prompt_id for g in batch.groups])
         # generate_ms is the node's own word; it only feeds the capacity forecast.
         self.peers.on_verdict(
             sender, receipt.reason, rollouts, receipt.tokens, cycle_s, batch.generate_ms / 1000

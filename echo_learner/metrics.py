@@ -45,6 +45,11 @@ def render(learner: Learner) -> str:
     metric("echo_steps_per_second", "gauge", "Training steps per second (recent).", [("", status["steps_per_s"])])
     metric("echo_learner_utilization", "gauge", "Share of recent time spent training.",
            [("", status["utilization"])])
+    capacity = status["capacity"]
+    metric("echo_learner_utilization_forecast", "gauge", "The capacity model's utilization forecast for the next window.",
+           [("", capacity["utilization"])])
+    metric("echo_forecast_error", "gauge", "Mean absolute error of recent utilization forecasts, checked against what happened.",
+           [("", capacity["forecast_error"])] if capacity["forecast_error"] is not None else [])
     metric("echo_peers", "gauge", "Nodes seen recently.", [("", status["peers"])])
     metric("echo_broadcast_bytes_total", "counter", "Bytes of weights published (one copy per version).",
            [("", status["broadcast"]["bytes_published"])])

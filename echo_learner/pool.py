@@ -183,6 +183,17 @@ class PromptPool:
             for peer in lapsed:
                 self.on_lapsed(peer)
 
+    def release(self, peer: str, prompt_ids: list[int]) -> None:
+        """``peer`` gives back the live prompts it holds among ``prompt_ids``:
+        they go to the next node that asks (not back to ``peer``), and are
+        not counted as lapsed."""
+        now = trio.current_time()
+        for pid in prompt_ids:
+            a = self.assignments.get(pid)
+            if a is not None and a.peer == peer and self._live(a, now):
+                a.deadline, a.lapse_charged = now - 1e-9, True
+        self._notify()
+
     def lookup(self, prompt_id: int) -> Assignment | None:
         return self.assignments.get(prompt_id)
 

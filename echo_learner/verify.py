@@ -162,7 +162,7 @@ async def verify_batch(
               dtype=batch.dtype, device=batch.device,
               worst=f"{error.worst:.3g}", mean=f"{error.mean:.3g}", surprise_z=f"{error.surprise_z:.2f}")
         return reason
-    return recheck(batch, sender, pool, window())
+    return recheck(batch, sender, pool)
 
 
 def check_batch(
@@ -209,11 +209,11 @@ def check_batch(
     return _assignments_open(batch, sender, pool)
 
 
-def recheck(batch: RolloutBatch, sender: str, pool: PromptPool, window: Window) -> str | None:
-    """What can have changed while the log-probs were recomputed: the window
-    moved, or the prompts were answered or handed to another node."""
-    if batch.version not in window:
-        return OUT_OF_WINDOW
+def recheck(batch: RolloutBatch, sender: str, pool: PromptPool) -> str | None:
+    """What can have changed while the log-probs were recomputed: the prompts
+    were answered or handed to another node. (A batch in the window when it
+    came stays accepted if we publish meanwhile: the delay is ours. The
+    window still holds for training, which takes no group older than it.)"""
     return _assignments_open(batch, sender, pool)
 
 

@@ -33,9 +33,11 @@ def test_async_whose_window_is_shorter_than_a_broadcast_recommends_publishing_le
     assert "publish every 3 steps" in f.verdict
 
 
-def test_async_learner_also_spends_its_time_verifying():
+def test_async_verification_runs_beside_training_and_must_keep_pace():
     f = forecast(staleness=2, publish_every=4, supply_rps=5000, **{**BASE, "verify_s": 0.05})
-    assert f.utilization == pytest.approx(0.2 / 0.26)
+    assert f.utilization == pytest.approx(0.2 / 0.21)  # overlapped with the step
+    slow = forecast(staleness=2, publish_every=4, supply_rps=5000, **{**BASE, "verify_s": 0.4})
+    assert slow.utilization == pytest.approx(0.2 / 0.4)  # it cannot keep up
     sync = forecast(staleness=0, publish_every=1, supply_rps=512, **{**BASE, "verify_s": 0.05})
     assert sync.utilization == pytest.approx(0.2 / (0.2 + 0.04 + 1.0 + 0.5))  # hidden in the wait
 
@@ -52,3 +54,41 @@ def test_the_meter_knows_how_long_the_newest_version_took_to_spread():
     meter.on_node_holds("a", 7)  # a repeat report changes nothing
     assert meter.spread_s(7) >= first
     assert meter.spread_s(8) is None
+
+
+def test_forecasts_are_checked_against_the_window_that_followed():
+    meter = CapacityMeter(window_s=60)
+    t0 = meter.started
+    meter.on_forecast(0.5, now=t0)  # the learner will be busy half of the next minute...
+    meter.on_forecast(0.9, now=t0 + 1)  # (too soon after the last: not kept)
+    for k in range(6):  # ...and it trains 6 s of every 10 s
+        meter.on_train(t0 + 10 * k, t0 + 10 * k + 6)
+    assert meter.forecast_error() is None  # its minute has not passed
+    meter.on_forecast(0.6, now=t0 + 60)
+    assert meter.last_settled == (0.5, pytest.approx(0.6))
+    assert meter.forecast_error() == pytest.approx(0.1)
+    meter.settle(now=t0 + 120)  # the second forecast: nothing trained in its minute
+    assert meter.last_settled == (0.6, pytest.approx(0.0))
+    assert meter.forecast_error() == pytest.approx((0.1 + 0.6) / 2)
+
+
+def test_async_publishing_waits_for_the_last_version_to_spread():
+    from echo_learner.capacity import publish_due
+
+    assert not publish_due(publish_every=3, steps_since=2, since_publish_s=9.0, broadcast_s=1.2)
+    assert not publish_due(publish_every=3, steps_since=3, since_publish_s=0.9, broadcast_s=1.2)
+    assert publish_due(publish_every=3, steps_since=4, since_publish_s=1.2, broadcast_s=1.2)
+    assert publish_due(publish_every=3, steps_since=3, since_publish_s=0.9, broadcast_s=0.0)  # not measured
+
+
+def test_time_a_version_has_left_in_the_window():
+    from echo_learner.capacity import window_left_s
+
+    def left(version: int, steps_since: int) -> float:
+        return window_left_s(version=version, current=10, staleness=2, publish_every=3,
+                             steps_since=steps_since, step_period_s=0.5)
+
+    assert left(10, 0) == pytest.approx((2 * 3 + 3) * 0.5)  # the newest: two more versions, then the next
+    assert left(8, 1) == pytest.approx(2 * 0.5)  # the oldest usable: until the next publish
+    assert left(8, 5) == pytest.approx(0.5)  # a publish is due (or held back by pacing): at least a step
+    assert left(7, 0) == 0.0  # already out

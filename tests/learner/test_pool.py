@@ -56,3 +56,19 @@ async def test_a_prompt_left_unanswered_lapses_however_many_pass_meanwhile(autoj
     await trio.sleep(5)
     p.take("honest", 1, version=0)
     assert lapsed == ["hoarder"]
+
+
+async def test_prompts_given_back_go_out_again_at_once_and_do_not_lapse(autojump_clock):
+    p = pool(2)
+    p.set_open(True)
+    struck = []
+    p.on_lapsed = struck.append
+    given = [a.prompt_id for a in p.take("late", 2, version=0)]
+    assert p.take("other", 2, version=0) == []  # all held
+    p.release("someone else", given)  # only the holder can give them back
+    assert p.take("other", 2, version=0) == []
+    p.release("late", given)  # its batch came too late for the window
+    assert [a.prompt_id for a in p.take("other", 2, version=1)] == given
+    await trio.sleep(61)
+    p.take("third", 2, version=1)  # lapses are charged when prompts are handed out
+    assert struck == ["other"]  # "late" gave them back in time: no strike for it
