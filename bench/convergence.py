@@ -99,7 +99,8 @@ def stale_refused_fraction(metrics: list[dict]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=60, help="training steps per mode (60)")
+    parser.add_argument("--steps", type=int, default=500,
+                        help="training steps per mode (500: async runs past a minute, so its forecasts are checked)")
     parser.add_argument("--timeout-s", type=float, default=1800, help="give up on a mode after this long (1800)")
     parser.add_argument("--nodes", type=int, default=3, help="volunteer nodes (3)")
     parser.add_argument("--staleness", type=int, default=2, help="async staleness bound S (2)")

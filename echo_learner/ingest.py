@@ -15,7 +15,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 from libp2p.abc import INetStream
@@ -55,6 +55,7 @@ class Counters:
     rollouts_accepted: int = 0
     batches_accepted: int = 0
     batches_refused: int = 0
+    refused: Counter[str] = field(default_factory=Counter)  # batches refused since start, by reason
 
 
 class Ingest:
@@ -320,6 +321,7 @@ class Ingest:
             self.contributors.add(sender)
         else:
             self.counters.batches_refused += 1
+            self.counters.refused[reason] += 1
             event(log, logging.INFO, "refused batch", peer=sender, reason=reason, version=batch.version)
             if reason == OUT_OF_WINDOW:
                 # Made in good faith with a version we have since left behind:
@@ -351,6 +353,7 @@ class Ingest:
             Row(bytes(32), sender, 0, b"", 0, 0, "refused", MALFORMED, 0.0, now_ms(), b"")
         )
         self.counters.batches_refused += 1
+        self.counters.refused[MALFORMED] += 1
         self.peers.on_verdict(sender, MALFORMED, 0, 0)
         event(log, logging.INFO, "refused batch", peer=sender, reason=MALFORMED, error=exc)
 

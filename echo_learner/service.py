@@ -403,7 +403,7 @@ class Learner:
             "rollouts_accepted": c.rollouts_accepted,
             "batches_accepted": c.batches_accepted,
             "batches_refused": c.batches_refused,
-            "refusals": self.ledger.refusal_counts(),
+            "refusals": dict(c.refused),  # since this start (the ledger keeps them all)
             "contributors": len(self.ingest.contributors),
             "utilization": round(self.meter.utilization(), 4),
             "capacity": inputs,
