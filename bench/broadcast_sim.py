@@ -66,6 +66,14 @@ class Transfer:
 
 
 @dataclass
+class Pending:
+    """A request sent that has no byte yet."""
+
+    sent: float
+    transfer: Transfer | None = None  # waiting in the peer's upload queue, once it got there
+
+
+@dataclass
 class Proc:
     name: str
     upload_Bps: float
@@ -79,9 +87,8 @@ class Proc:
     held: set[int] = field(default_factory=set)
     active: list[Transfer] = field(default_factory=list)
     incoming: list[Transfer] = field(default_factory=list)  # active transfers to this process
-    # Requests sent that have no byte yet: (peer, chunk) -> [when sent, the
-    # transfer waiting in the peer's upload queue once it got there].
-    pending: dict[tuple[str, int], list] = field(default_factory=dict)
+    # Requests sent that have no byte yet, by (peer, chunk).
+    pending: dict[tuple[str, int], Pending] = field(default_factory=dict)
     last_update: float = 0.0
     epoch: int = 0  # invalidates scheduled completions when rates change
     uploaded: float = 0.0  # bytes
@@ -290,7 +297,7 @@ class Simulation:
             return
         for peer, idx in d.next_requests(self.now):
             latency = proc.latency_s + self.procs[peer].latency_s
-            proc.pending[(peer, idx)] = [self.now, None]
+            proc.pending[(peer, idx)] = Pending(self.now)
             self.at(self.now + latency, self.request_arrives, peer, proc.name, idx)
             guessed = not d.durations
             self.at(self.now + d.request_timeout(peer), self.check_timeout, proc, peer, idx, self.now, guessed)
@@ -309,7 +316,7 @@ class Simulation:
         stall, as the engine does: a first guess (sent before any request
         time was measured) is replaced by a measured timeout once there is one."""
         entry = proc.pending.get((peer, idx))
-        if not proc.alive or entry is None or entry[0] != sent:
+        if not proc.alive or entry is None or entry.sent != sent:
             return
         if guessed and proc.download.durations:
             deadline = sent + proc.download.request_timeout(peer)
@@ -323,7 +330,7 @@ class Simulation:
     def cancel(self, proc: Proc, peer: str, idx: int) -> None:
         """``proc`` gives up on a request that has no byte yet. (The engine's
         uploader notices when it reaches the request; here it is dropped at once.)"""
-        _, transfer = proc.pending.pop((peer, idx))
+        transfer = proc.pending.pop((peer, idx)).transfer
         if transfer is not None and transfer in transfer.uploader.queue.waiting():
             up = transfer.uploader
             up.queue.remove(transfer)
@@ -358,8 +365,8 @@ class Simulation:
         self.announce_offer(uploader, offer)
         # (The engine reads what the requester holds from its latest Have.)
         priority = uploader.policy.priority(requester, shared=len(uploader.held & proc.held))
-        entry[1] = Transfer(uploader, proc, idx, float(self.chunk))
-        uploader.queue.push(priority, entry[1])
+        entry.transfer = Transfer(uploader, proc, idx, float(self.chunk))
+        uploader.queue.push(priority, entry.transfer)
         self.refill(uploader)
 
     def announce_offer(self, seed: Proc, before: frozenset[int]) -> None:
