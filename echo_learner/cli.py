@@ -172,6 +172,7 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
     from echo_learner.service import Learner, StartError, check_data_dir
     from echo_learner.tasks.base import TaskError
     from echo_learner.tasks.registry import load_task
+    from echo_learner.train_group import TrainGroupError
     from protocol.host import BadMultiaddr, check_addrs
     from protocol.identity import Identity, load_or_exit, save
     from protocol.runtime import run_until_signal
@@ -193,7 +194,7 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
         print(f"loading model {config.model}", flush=True)
     try:
         learner = Learner(config, identity, task)
-    except (ModelError, TaskError, DeviceUnavailable) as exc:
+    except (ModelError, TaskError, DeviceUnavailable, TrainGroupError) as exc:
         fail(PROG, str(exc))
     if new_identity:
         save(identity, config.identity_path)
@@ -211,7 +212,7 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
 
     try:
         stopped = run_until_signal(main)
-    except (BadMultiaddr, BootstrapUnreachable, CheckpointError, ModelError) as exc:
+    except (BadMultiaddr, BootstrapUnreachable, CheckpointError, ModelError, TrainGroupError) as exc:
         fail(PROG, str(exc))
     except OSError as exc:
         fail(PROG, f"cannot start: {exc}")

@@ -135,7 +135,12 @@ class LearnerConfig(ConnectionSettings):
     bootstrap_ping_s: float = setting(
         10.0, "seconds between pings to each bootstrap peer (shown on the status page)", lo=0.1
     )
-    torch_threads: int = setting(1, "torch CPU threads for training", lo=1)
+    torch_threads: int = setting(1, "torch CPU threads for training (per process with --train-procs)", lo=1)
+    train_procs: int = setting(
+        1, "train on this many processes with torch's FSDP under torchrun (gloo on the CPU, NCCL with one GPU "
+        "each), while this process serves, verifies and publishes (docs/learner.md); 1: train in this process",
+        lo=1, hi=1024,
+    )
     device: str = setting(
         "auto", "where to train and recompute log-probs: auto (a CUDA GPU if torch sees one, else the CPU), "
         "cpu, cuda or mps", choices=("auto", "cpu", "cuda", "mps"),

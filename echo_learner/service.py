@@ -41,6 +41,7 @@ from echo_learner.pool import PromptPool
 from echo_learner.publishing import Publisher
 from echo_learner.tasks.base import Task, TaskPrompt
 from echo_learner.tasks.registry import load_task
+from echo_learner.train_group import TrainGroup, check_train_procs
 from echo_learner.trainer import Objective, StepStats, Trainer
 from echo_learner.verify import Limits, Policies
 from protocol import codec
@@ -93,6 +94,8 @@ class Learner:
         torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
         self.device, why_device = choose_device(config.device)  # DeviceUnavailable before anything is written
+        if config.train_procs > 1:
+            check_train_procs(config.train_procs, self.device)
         model, self.tokenizer = load_model(config.model, config.seed)
         self.lora = LoraSettings.from_config(config)
         frozen_base = None
@@ -117,14 +120,8 @@ class Learner:
             max_new_tokens=self.max_new_tokens, system_prompt=self.system_prompt,
             path=config.data_dir / "heldout.jsonl",
         )
-        self.trainer = Trainer(
-            self.model,
-            lr=config.lr,
-            objective=Objective(config.clip_eps, config.ratio_cap, config.kl_coef),
-            pad_id=self.tokenizer.pad_token_id,
-            max_logit_bytes=config.logit_memory_mib * 2**20,
-            temperature=config.temperature,
-        )
+        # In this process, or on --train-procs torchrun ranks (started by run()).
+        self.trainer: Trainer | TrainGroup | None = None
         self.publisher = Publisher(
             identity, job_id=self.job_id, task=self.task.name, model_config=config_json(self.model),
             tokenizer_digest=tokenizer_digest(self.tokenizer), chunk_size=config.chunk_size,
@@ -197,6 +194,7 @@ class Learner:
 
         cfg = self.config
         try:
+            self.trainer = await trio.to_thread.run_sync(self._make_trainer)
             resumed_version = self._start()
             async with (
                 open_swarm(self.identity, cfg.listen, server=True, answer_probes=True, connections=cfg) as swarm,
@@ -243,11 +241,31 @@ class Learner:
                 nursery.cancel_scope.cancel()
         finally:
             self.config.api_path.unlink(missing_ok=True)
-            if self.step > self.checkpointed_step:
-                with trio.CancelScope(shield=True):
-                    await self.save_checkpoint()
-                event(log, logging.WARNING, "checkpoint written on stop", step=self.step)
-            self.ledger.close()
+            with trio.CancelScope(shield=True):
+                try:
+                    if self.step > self.checkpointed_step:
+                        await self.save_checkpoint()
+                        event(log, logging.WARNING, "checkpoint written on stop", step=self.step)
+                finally:
+                    if self.trainer is not None:
+                        await trio.to_thread.run_sync(self.trainer.close)
+                    self.ledger.close()
+
+    def _make_trainer(self) -> Trainer | TrainGroup:
+        """The GRPO trainer: in this process, or ``--train-procs`` FSDP ranks
+        under torchrun (``echo_learner.train_group``) that start from this
+        process's model."""
+        cfg = self.config
+        objective = Objective(cfg.clip_eps, cfg.ratio_cap, cfg.kl_coef)
+        common = {"lr": cfg.lr, "pad_id": self.tokenizer.pad_token_id,
+                  "max_logit_bytes": cfg.logit_memory_mib * 2**20, "temperature": cfg.temperature}
+        if cfg.train_procs == 1:
+            return Trainer(self.model, objective=objective, **common)
+        settings = {
+            **common, "model": cfg.model, "seed": cfg.seed, "lora": self.lora.as_dict() if self.lora else None,
+            "objective": dataclasses.asdict(objective), "device": self.device.type, "threads": cfg.torch_threads,
+        }
+        return TrainGroup(self.model, procs=cfg.train_procs, settings=settings)
 
     def _start(self) -> int:
         """Restore the checkpoint if resuming (``check_data_dir`` vetted the
@@ -275,7 +293,7 @@ class Learner:
                 load_adapter_state(self.model, state["model"])
             else:
                 self.model.load_state_dict(state["model"])
-            self.trainer.optimizer.load_state_dict(state["optimizer"])
+            self.trainer.resume(state["optimizer"])
             checkpoint.restore_rng(self.rng, state["rng"])
             self.step = self.checkpointed_step = state["step"]
             self.pool.restore(state["pool"], version_offset=first_version - state["version"])
@@ -427,9 +445,10 @@ class Learner:
         }
 
         def write() -> None:
+            self.trainer.sync()
             # LoRA: the adapter only; the frozen base is the --model's.
             state["model"] = adapter_state(self.model) if self.lora else self.model.state_dict()
-            state["optimizer"] = self.trainer.optimizer.state_dict()
+            state["optimizer"] = self.trainer.optimizer_state()
             checkpoint.save(self.config.checkpoint_path, state)
 
         await trio.to_thread.run_sync(write)
@@ -463,6 +482,7 @@ class Learner:
         t0 = time.monotonic()
 
         def build_all() -> tuple[Manifest, list[bytes], torch.nn.Module | None]:
+            self.trainer.sync()
             signed, chunks = build(version)
             return signed, chunks, self.trainer.snapshot() if policy else None
 

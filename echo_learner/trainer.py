@@ -56,6 +56,7 @@ class Trainer:
         pad_id: int,
         max_logit_bytes: int = 2**30,
         temperature: float = 1.0,
+        reference: torch.nn.Module | None = None,
     ):
         self.model = model
         self.temperature = temperature
@@ -64,8 +65,11 @@ class Trainer:
         self.max_logit_bytes = max_logit_bytes
         # Only what trains (a LoRA model's adapters; every weight otherwise).
         self.optimizer = torch.optim.AdamW(trainable_of(model), lr=lr, weight_decay=0.0)
-        # The reference policy for the KL penalty is the starting model, frozen.
-        self.reference = copy.deepcopy(model).eval() if objective.kl_coef > 0 else None
+        # The reference policy for the KL penalty is the starting model, frozen
+        # (given when the model cannot be copied: FSDP's shards).
+        if reference is None and objective.kl_coef > 0:
+            reference = copy.deepcopy(model).eval()
+        self.reference = reference if objective.kl_coef > 0 else None
 
     def weights(self) -> bytes:
         """The current weights of a plain (not LoRA) model as safetensors bytes."""
@@ -77,38 +81,47 @@ class Trainer:
 
     def step(self, groups: list[ScoredGroup]) -> StepStats:
         """One optimiser step on a batch of scored groups."""
-        sizes = {len(g.rewards) for g in groups}
-        if len(sizes) != 1:
-            raise ValueError(f"groups of different sizes in one step: {sorted(sizes)}")
-        where = device_of(self.model)
-        rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
-        advantages = group_advantages(rewards).flatten().to(where)
-        if not advantages.any():
+        batch = Batch.of(groups)
+        if batch is None:
             # Every group scored all its completions alike: nothing to learn.
             # An AdamW step on zero gradients would still move the weights and
             # decay its second moments, so that the next small gradient makes
             # an outsized update (measured: a solved task drifting back from
             # reward 1.0 to 0.65). Skip it.
-            return StepStats(loss=0.0, kl=0.0, reward_mean=float(rewards.mean()), tokens=0)
-        prompts = [g.prompt_tokens for g in groups for _ in g.completions]
-        completions = [c for g in groups for c in g.completions]
-        behaviour = [b for g in groups for b in g.behaviour_logprobs]
-        tokens = sum(len(c) for c in completions)
-
-        # Long answers: the batch goes through the model in parts whose
-        # logits fit the memory budget, each part's loss weighted by its
-        # share of the tokens, so the gradient is the whole batch's mean.
+            return StepStats(loss=0.0, kl=0.0, reward_mean=reward_mean(groups), tokens=0)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        loss, kl = self.backward(batch, range(len(batch.completions)))
+        torch.nn.utils.clip_grad_norm_(trainable_of(self.model), 1.0)
+        self.optimizer.step()
+        return StepStats(loss=loss, kl=kl, reward_mean=batch.reward_mean, tokens=batch.tokens)
+
+    def backward(self, batch: Batch, rows: range, *, passes: int = 0, scale: float = 1.0) -> tuple[float, float]:
+        """Accumulate the gradient of ``rows``' share of the batch's loss;
+        their ``(loss, kl)`` contributions.
+
+        Long answers go through the model in parts whose logits fit the
+        memory budget, each part's loss weighted by its share of the whole
+        batch's tokens, so that parts (and the ranks of ``--train-procs``,
+        each given some rows) add up to the whole batch's mean. ``passes``:
+        run at least this many forward/backward passes, padding with passes
+        that add nothing (sharded ranks must all run the same number).
+        ``scale`` multiplies the gradient (FSDP averages over ranks).
+        """
         obj = self.objective
-        total_loss, total_kl = 0.0, 0.0
+        where = device_of(self.model)
+        prompts = [batch.prompts[i] for i in rows]
+        completions = [batch.completions[i] for i in rows]
+        behaviour = [batch.behaviour[i] for i in rows]
+        advantages = batch.advantages[rows.start : rows.stop : rows.step].to(where)
         widths = [len(p) + len(c) for p, c in zip(prompts, completions)]
-        vocab = self.model.config.vocab_size
-        for part in row_slices(widths, vocab, self.max_logit_bytes, TRAIN_BYTES_PER_LOGIT):
+        parts = row_slices(widths, self.model.config.vocab_size, self.max_logit_bytes, TRAIN_BYTES_PER_LOGIT)
+        total_loss, total_kl = 0.0, 0.0
+        for part in parts:
             logprobs, mask = completion_logprobs(
                 self.model, prompts[part], completions[part], self.pad_id, self.temperature
             )
-            share = float(mask.sum()) / tokens
+            share = float(mask.sum()) / batch.tokens
             old = spread(behaviour[part], prompts[part], logprobs.shape[1], where)
             loss = clipped_surrogate_loss(logprobs, old, advantages[part], mask, obj.clip_eps, obj.ratio_cap)
             kl = torch.zeros(())
@@ -119,9 +132,72 @@ class Trainer:
                     )
                 kl = kl_penalty(logprobs, ref, mask)
                 loss = loss + obj.kl_coef * kl
-            (loss * share).backward()
+            (loss * share * scale).backward()
             total_loss += float(loss.detach()) * share
             total_kl += float(kl.detach()) * share
-        torch.nn.utils.clip_grad_norm_(trainable_of(self.model), 1.0)
-        self.optimizer.step()
-        return StepStats(loss=total_loss, kl=total_kl, reward_mean=float(rewards.mean()), tokens=tokens)
+        for _ in range(passes - len(parts)):
+            self._empty_pass()
+        return total_loss, total_kl
+
+    def _empty_pass(self) -> None:
+        """A forward and backward pass that adds nothing to the gradient."""
+        ids = torch.tensor([[self.pad_id]], device=device_of(self.model))
+        (self.model(input_ids=ids).logits.sum() * 0.0).backward()
+
+    def passes(self, batch: Batch, rows: range) -> int:
+        """How many forward/backward passes ``backward`` makes for ``rows``."""
+        widths = [len(batch.prompts[i]) + len(batch.completions[i]) for i in rows]
+        return len(row_slices(widths, self.model.config.vocab_size, self.max_logit_bytes, TRAIN_BYTES_PER_LOGIT))
+
+    # What the learner does around steps; the same for --train-procs workers
+    # (echo_learner.train_group.TrainGroup).
+
+    def sync(self) -> None:
+        """Make ``model`` hold the newest weights (here it always does)."""
+
+    def optimizer_state(self) -> dict:
+        """The optimiser's state as ``torch.optim.Optimizer.state_dict`` gives it (checkpoints)."""
+        return self.optimizer.state_dict()
+
+    def resume(self, optimizer_state: dict) -> None:
+        """Continue from a checkpoint whose weights ``model`` was given in place."""
+        self.optimizer.load_state_dict(optimizer_state)
+
+    def close(self) -> None:
+        """Nothing to stop: training runs in this process."""
+
+
+def reward_mean(groups: list[ScoredGroup]) -> float:
+    return float(torch.tensor([g.rewards for g in groups], dtype=torch.float32).mean())
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A step's groups flattened to rows (one completion each), with their advantages."""
+
+    prompts: list[tuple[int, ...]]
+    completions: list[tuple[int, ...]]
+    behaviour: list[tuple[float, ...]]
+    advantages: torch.Tensor  # [rows]
+    tokens: int
+    reward_mean: float
+
+    @classmethod
+    def of(cls, groups: list[ScoredGroup]) -> Batch | None:
+        """The batch, or None when no group has any signal (every advantage 0)."""
+        sizes = {len(g.rewards) for g in groups}
+        if len(sizes) != 1:
+            raise ValueError(f"groups of different sizes in one step: {sorted(sizes)}")
+        rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
+        advantages = group_advantages(rewards).flatten()
+        if not advantages.any():
+            return None
+        completions = [c for g in groups for c in g.completions]
+        return cls(
+            prompts=[g.prompt_tokens for g in groups for _ in g.completions],
+            completions=completions,
+            behaviour=[b for g in groups for b in g.behaviour_logprobs],
+            advantages=advantages,
+            tokens=sum(len(c) for c in completions),
+            reward_mean=float(rewards.mean()),
+        )
