@@ -122,7 +122,7 @@ def routes(learner: Learner) -> dict[str, Callable[[dict[str, list[str]]], Any]]
     pages = {path: Body(kind, (files / name).read_bytes()) for path, (name, kind) in STATIC.items()}
     return {
         **{path: (lambda q, body=body: body) for path, body in pages.items()},
-        "/metrics": lambda q: Body(metrics.CONTENT_TYPE, metrics.render(learner).encode()),
+        "/metrics": lambda q: Body(metrics.CONTENT_TYPE, learner.metrics.render()),
         "/api/status": lambda q: learner.status(),
         "/api/peers": lambda q: {"peers": learner.peers.to_json()},
         "/api/history": lambda q: {

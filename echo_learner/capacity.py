@@ -37,6 +37,10 @@ import math
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from echo_learner.metrics import Timings
 
 EWMA = 0.2
 # Forecasts kept per window (one every window_s / FORECASTS_PER_WINDOW
@@ -127,8 +131,12 @@ def window_left_s(
 
 
 class CapacityMeter:
-    def __init__(self, window_s: float):
+    """Where the learner's timings land: running means for the capacity
+    model, and ``timings``' histograms (``echo_learner.metrics``) for /metrics."""
+
+    def __init__(self, window_s: float, timings: Timings | None = None):
         self.window_s = window_s
+        self.timings = timings
         self.started = time.monotonic()
         self.train_s = 0.0
         self.bookkeeping_s = 0.0  # per step, after training: publishing, checkpoints
@@ -152,6 +160,8 @@ class CapacityMeter:
 
     def on_train(self, start: float, end: float) -> None:
         self.train_s = running_mean(self.train_s, end - start)
+        if self.timings:
+            self.timings.train_step.observe(end - start)
         if self._last_start:
             self.step_period_s = running_mean(self.step_period_s, start - self._last_start)
         self._last_start = start
@@ -168,6 +178,8 @@ class CapacityMeter:
     def on_verify(self, seconds: float, rollouts: int) -> None:
         """The log-prob recompute of one batch took ``seconds``."""
         self.verify_s_per_rollout = running_mean(self.verify_s_per_rollout, seconds / max(rollouts, 1))
+        if self.timings:
+            self.timings.verify.observe(seconds)
 
     def on_publish(self, version: int, start: float, end: float) -> None:
         self.publish_s = running_mean(self.publish_s, end - start)
@@ -188,6 +200,8 @@ class CapacityMeter:
         elapsed = time.monotonic() - published
         self._arrived[(peer, version)] = elapsed
         self.broadcast_s = running_mean(self.broadcast_s, elapsed)
+        if self.timings:
+            self.timings.broadcast.observe(elapsed)
 
     def holders(self, version: int) -> set[str]:
         """Peers whose Have showed all of ``version``."""

@@ -34,6 +34,7 @@ from echo_learner.heldout import HeldoutMonitor
 from echo_learner.ingest import Ingest, now_ms
 from echo_learner.job_bounds import check_answers_fit, check_prompts_fit
 from echo_learner.ledger import Ledger
+from echo_learner.metrics import LearnerMetrics
 from echo_learner.lora import LoraSettings, adapter_state, describe_lora, load_adapter_state, state_bytes, wrap
 from echo_learner.model import config_json, describe, load_model, render_prompt, stop_ids, tokenizer_digest
 from echo_learner.peers import PeerBook
@@ -144,7 +145,8 @@ class Learner:
             ban_s=config.ban_s,
             max_peers=config.max_peers_tracked,
         )
-        self.meter = CapacityMeter(config.capacity_window_s)
+        self.metrics = LearnerMetrics(self.status)
+        self.meter = CapacityMeter(config.capacity_window_s, self.metrics.timings)
         self.version = -1
         self.step = 0
         self.checkpointed_step = 0  # the step the checkpoint on disk holds
