@@ -35,6 +35,11 @@ class LoraSettings:
             raise ValueError("--lora-targets names no layer")
         return cls(config.lora, config.lora_alpha or 2.0 * config.lora, config.lora_dropout, targets)
 
+    @classmethod
+    def from_dict(cls, settings: dict) -> LoraSettings:
+        """The settings ``as_dict`` wrote (a checkpoint's, the ranks')."""
+        return cls(settings["rank"], settings["alpha"], settings["dropout"], tuple(settings["targets"]))
+
     def as_dict(self) -> dict:
         return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout, "targets": list(self.targets)}
 
@@ -108,7 +113,6 @@ def restore(model: torch.nn.Module, state: dict) -> torch.nn.Module:
     if not settings:
         model.load_state_dict(state["model"])
         return model
-    peft_model = wrap(model, LoraSettings(settings["rank"], settings["alpha"], settings["dropout"],
-                                          tuple(settings["targets"])))
+    peft_model = wrap(model, LoraSettings.from_dict(settings))
     load_adapter_state(peft_model, state["model"])
     return peft_model

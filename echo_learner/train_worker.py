@@ -22,6 +22,7 @@ private directory, and the service proves itself with a random key.
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
@@ -63,7 +64,9 @@ def main() -> None:
             try:
                 answer = worker.handle(request)
             except Exception:
-                # Raised on every rank alike (same inputs): report it, keep serving.
+                # A request's bad inputs fail every rank alike, so the ranks
+                # stay in step: report it and go on. (A rank that dies instead
+                # ends them all: torchrun stops the others.)
                 answer = {"error": traceback.format_exc(limit=8)}
             if link is not None:
                 link.send_bytes(msgpack.packb(answer))
@@ -105,15 +108,13 @@ class Worker:
 
         model, _ = load_model(settings["model"], settings["seed"])
         if settings["lora"]:
-            model = wrap(model, LoraSettings(**{**settings["lora"], "targets": tuple(settings["lora"]["targets"])}))
+            model = wrap(model, LoraSettings.from_dict(settings["lora"]))
         model = model.to(device)
         world = dist.get_world_size()
         mesh = init_device_mesh(device.type, (world,))
         # The KL reference is the starting model, as in one process; frozen and sharded too.
         reference = None
         if settings["objective"]["kl_coef"] > 0:
-            import copy
-
             reference = copy.deepcopy(model).eval().requires_grad_(False)
         for m in (model, reference):
             if m is None:
