@@ -33,8 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from echo_learner.verify import OUT_OF_WINDOW  # noqa: E402
 from localswarm import SwarmError, local_swarm  # noqa: E402
+
+from echo_learner.verify import OUT_OF_WINDOW  # noqa: E402
 
 PUBLISH_EVERY = 3
 SMOOTH = 5
@@ -65,16 +66,17 @@ def pinning(nodes: int) -> dict[str, set[int]]:
 
 def run(mode: str, args: argparse.Namespace, root: Path, cpus: dict[str, set[int]]) -> list[dict]:
     cap = ("--max-upload-mbit", str(args.upload_mbit))
+    verbose = ("-v",) if args.verbose else ()
     with local_swarm(root) as swarm:
         swarm.cpus = cpus
         swarm.start_bootstrap()
         learner = swarm.start_learner(
             "--mode", mode, "--staleness", str(args.staleness), "--publish-every", str(args.publish_every),
             "--steps", str(args.steps),
-            "--seed", str(args.seed), *cap,
+            "--seed", str(args.seed), *cap, *verbose,
         )
         for i in range(args.nodes):
-            swarm.start_node(i, *cap, "--emulate-delay-ms", str(args.delay_ms))
+            swarm.start_node(i, *cap, "--emulate-delay-ms", str(args.delay_ms), *verbose)
         deadline = time.monotonic() + args.timeout_s
         while len(swarm.metrics()) < args.steps:
             if learner.poll() is not None and len(swarm.metrics()) < args.steps:
@@ -87,6 +89,13 @@ def run(mode: str, args: argparse.Namespace, root: Path, cpus: dict[str, set[int
     if any(codes.values()):
         raise SwarmError(f"{mode}: processes did not leave cleanly: {codes}")
     return swarm.metrics()[: args.steps]
+
+
+def max_step_gap(metrics: list[dict]) -> float:
+    """The longest wait between consecutive steps (s): a step held up by a
+    prompt nobody answers shows here as about one assignment deadline."""
+    elapsed = [m["elapsed_s"] for m in metrics]
+    return round(max((b - a for a, b in zip(elapsed, elapsed[1:])), default=0.0), 2)
 
 
 def stale_refused_fraction(metrics: list[dict]) -> float:
@@ -106,7 +115,9 @@ def main() -> int:
     parser.add_argument("--staleness", type=int, default=2, help="async staleness bound S (2)")
     parser.add_argument("--publish-every", type=int, default=PUBLISH_EVERY,
                         help=f"async: publish every K steps ({PUBLISH_EVERY})")
-    parser.add_argument("--only-async", action="store_true", help="skip the sync run (no comparison)")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--only-async", action="store_true", help="skip the sync run (no comparison)")
+    only.add_argument("--only-sync", action="store_true", help="skip the async run (no comparison)")
     parser.add_argument("--threshold", type=float, default=0.5, help="reward threshold (0.5)")
     parser.add_argument("--upload-mbit", type=float, default=20, help="every process's upload cap (20)")
     parser.add_argument("--delay-ms", type=float, default=50, help="delay before each work/rollout message (50)")
@@ -114,6 +125,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dir", type=Path, default=None, help="keep logs here (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("-v", "--verbose", action="store_true", help="the learner and nodes log each step (-v)")
     args = parser.parse_args()
     if args.steps < FINAL:
         parser.error(f"--steps must be at least {FINAL}")
@@ -123,8 +135,7 @@ def main() -> int:
     shutil.rmtree(base / "async", ignore_errors=True)
     cpus = {} if args.no_pin else pinning(args.nodes)
     started = time.monotonic()
-    async_ = run("async", args, base / "async", cpus)
-    result = {
+    result: dict = {
         "steps": args.steps,
         "nodes": args.nodes,
         "staleness": args.staleness,
@@ -133,27 +144,34 @@ def main() -> int:
         "delay_ms": args.delay_ms,
         "threshold": args.threshold,
         "pinning": {"learner": sorted(cpus["learner"]), "nodes": sorted(cpus["node0"])} if cpus else None,
-        "async_time_to_threshold_s": time_to_threshold(async_, args.threshold),
-        "async_s": async_[-1]["elapsed_s"],
-        "async_final_reward": round(mean([m["reward_mean"] for m in async_[-FINAL:]]), 4),
-        "async_learner_utilization": async_[-1]["utilization"],
-        "forecast_error": async_[-1]["forecast_error"],
-        "stale_refused_fraction": stale_refused_fraction(async_),
-        "async_mean_staleness": round(mean([m["staleness"] for m in async_]), 3),
     }
+    if not args.only_sync:
+        async_ = run("async", args, base / "async", cpus)
+        result.update(
+            async_time_to_threshold_s=time_to_threshold(async_, args.threshold),
+            async_s=async_[-1]["elapsed_s"],
+            async_final_reward=round(mean([m["reward_mean"] for m in async_[-FINAL:]]), 4),
+            async_learner_utilization=async_[-1]["utilization"],
+            async_max_step_gap_s=max_step_gap(async_),
+            forecast_error=async_[-1]["forecast_error"],
+            stale_refused_fraction=stale_refused_fraction(async_),
+            async_mean_staleness=round(mean([m["staleness"] for m in async_]), 3),
+        )
     if not args.only_async:
         sync = run("sync", args, base / "sync", cpus)
-        sync_t, async_t = time_to_threshold(sync, args.threshold), result["async_time_to_threshold_s"]
+        sync_t, async_t = time_to_threshold(sync, args.threshold), result.get("async_time_to_threshold_s")
         result.update(
             sync_time_to_threshold_s=sync_t,
             sync_s=sync[-1]["elapsed_s"],
-            async_over_sync_time=round(async_t / sync_t, 3) if sync_t and async_t else None,
             sync_final_reward=round(mean([m["reward_mean"] for m in sync[-FINAL:]]), 4),
             sync_learner_utilization=sync[-1]["utilization"],
+            sync_max_step_gap_s=max_step_gap(sync),
             sync_stale_refused_fraction=stale_refused_fraction(sync),
         )
-        # Both ran the same number of steps: the rewards at equal steps.
-        result["plateau_gap"] = round(abs(result["sync_final_reward"] - result["async_final_reward"]), 4)
+        if not args.only_sync:
+            # Both ran the same number of steps: the rewards at equal steps.
+            result["async_over_sync_time"] = round(async_t / sync_t, 3) if sync_t and async_t else None
+            result["plateau_gap"] = round(abs(result["sync_final_reward"] - result["async_final_reward"]), 4)
     result["wall_s"] = round(time.monotonic() - started, 1)
     if args.json:
         print(json.dumps(result))

@@ -128,8 +128,13 @@ class PeerBook:
             self.strike(peer)
 
     def strike(self, peer: str) -> None:
-        """One more strike; ``strikes_to_ban`` of them within the window ban the peer."""
-        stats = self.seen(peer)
+        """One more strike; ``strikes_to_ban`` of them within the window ban the peer.
+
+        A strike is no sign of life: a peer struck because its prompts lapsed
+        must drop out of the ``active`` peers, or the learner sizes the
+        round for it and hands its lapsed prompts to nobody else for
+        another deadline (bench/convergence.py, sync: 72 s without a step)."""
+        stats = self.peers.get(peer) or self.seen(peer)
         now = time.time()
         stats.strikes.append(now)
         while stats.strikes and stats.strikes[0] < now - self.strike_window_s:

@@ -36,7 +36,6 @@ from protocol import codec, updates
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine, VersionTooLarge
 from protocol.broadcast.store import VersionStore
 from protocol.errors import ProtocolError, SignatureError
-from protocol.updates import UpdateRefused
 from protocol.host import parse_multiaddr, parse_peer_addr
 from protocol.identity import Identity, verify
 from protocol.ids import JOB_DIRECTORY_KEY, RELAY_DIRECTORY_KEY, manifest_key
@@ -54,6 +53,7 @@ from protocol.swarm import (
     find_providers,
     open_swarm,
 )
+from protocol.updates import UpdateRefused
 from protocol.wire import receipts, rollout, work
 from protocol.wire.receipts import ReceiptQuery
 from protocol.wire.rollout import Completion, Receipt, RolloutBatch, RolloutGroup
@@ -353,13 +353,21 @@ class Node:
         if reply.version > self._wanted:
             self._wanted = reply.version
             self._wanted_changed.set()
-        while self.version < reply.min_version:
-            # What we hold is outside the learner's window: fetch first. Each
-            # pass loads a newer version (maybe one finished before the newest).
-            await self.update_weights(reply.version)
-        assert self.model_limits is not None
-        check_assignment(reply, self.model_limits)
-        self._prompts_per_call(reply)  # Refused when not even one group fits in memory
+        prompt_ids = [p.prompt_id for p in reply.prompts]
+        event(log, logging.DEBUG, "assigned prompts", prompts=prompt_ids, version=reply.version,
+              min_version=reply.min_version, held=self.version)
+        try:
+            while self.version < reply.min_version:
+                # What we hold is outside the learner's window: fetch first. Each
+                # pass loads a newer version (maybe one finished before the newest).
+                await self.update_weights(reply.version)
+            assert self.model_limits is not None
+            check_assignment(reply, self.model_limits)
+            self._prompts_per_call(reply)  # Refused when not even one group fits in memory
+        except (Refused, VersionTooLarge, RequestFailed, ProtocolError) as exc:
+            # Nothing tells the learner: they lapse at its deadline (a strike).
+            event(log, logging.WARNING, "dropping assigned prompts", prompts=prompt_ids, error=exc)
+            raise
         # Otherwise work with what we hold while _follow_versions fetches the
         # newest (async mode: the broadcast overlaps generation).
         return reply
@@ -475,6 +483,8 @@ class Node:
         if isinstance(reply, ErrorReply):
             raise RequestFailed(f"learner refused the batch: {reply.code}: {reply.message}")
         self._check_receipt(batch, reply)
+        event(log, logging.DEBUG, "batch delivered", prompts=[g.prompt_id for g in batch.groups],
+              version=batch.version, verdict=reply.verdict)
         self.rollouts_sent += sum(len(g.completions) for g in batch.groups)
         self._save_receipt(reply)
 

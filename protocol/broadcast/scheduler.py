@@ -13,7 +13,10 @@ never send). A request with no answer after a few typical request times
 Endgame: once every missing chunk is requested, a request older than
 ``endgame_after_s`` is also sent to a holder that has proven it serves, so one
 slow or stalling peer cannot hold up the version's last chunks. A peer that
-stalls or sends a wrong chunk is dropped for the version.
+stalls or sends a wrong chunk is dropped for the version. The seed holds every
+chunk: one that no usable peer announces (the seed sent it to others this
+round and they left, or we dropped them) is asked of the seed anyway after
+``seed_retry_s``, so a version always completes while the seed answers.
 
 The uploading side is ``protocol.broadcast.uploads``. The real engine
 (``protocol.broadcast.engine``) and the simulator (``bench/broadcast_sim.py``)
@@ -46,6 +49,16 @@ class SchedulerConfig:
     busy_stranger_max_s: float = 8.0
     # A peer whose request failed (reset, error) is rested this long.
     failure_backoff_s: float = 1.0
+    # A chunk the seed declined (ask_others: it went out in the seed's round
+    # and the swarm relays it) is asked of the seed again after this long if
+    # still missing and no usable peer announces it, whether or not the seed
+    # offers it; the seed serves a chunk a requester asks for twice
+    # (uploads.UploadPolicy). Likewise a chunk nobody announces this long into
+    # the download. Without it a node that had dropped every other holder
+    # (stalls, on a busy machine) waited for the next version: its assigned
+    # prompts lapsed meanwhile (bench/convergence.py, sync, 72 s pauses).
+    # Well above a relay hop, so the seed still sends about one copy.
+    seed_retry_s: float = 2.0
     # A chunk requested endgame_factor times the median request time ago
     # (endgame_after_s before any request has finished; at least
     # endgame_min_s) and still missing is asked of a second holder once
@@ -118,6 +131,7 @@ class Download:
 
     def __post_init__(self) -> None:
         self._typical_s = 0.0  # the median of durations
+        self._started: float | None = None  # the first next_requests call
         order = list(range(self.n_chunks))
         self.rng.shuffle(order)
         self._tiebreak = {idx: pos for pos, idx in enumerate(order)}
@@ -173,6 +187,8 @@ class Download:
 
     def next_requests(self, now: float) -> list[tuple[str, int]]:
         """Requests to start now; each is marked in flight until done or failed."""
+        if self._started is None:
+            self._started = now
         free = self.config.max_in_flight - len(self.in_flight) - len(self.duplicates)
         if free <= 0:
             return []
@@ -202,6 +218,14 @@ class Download:
             out.append((peer, idx))
             if len(out) == free or not usable:
                 return out
+        if self.seed in usable:
+            due = sorted((idx for idx, t in self._orphans().items() if t <= now), key=self._tiebreak.__getitem__)
+            for idx in due:
+                self._start(self.seed, idx, usable, now)
+                self.in_flight[idx] = self.seed
+                out.append((self.seed, idx))
+                if len(out) == free or self.seed not in usable:
+                    return out
         if not wanted:
             # Endgame: nothing left to ask for the first time.
             for idx, first in sorted(self.in_flight.items(), key=lambda kv: self.requested_at[kv[0]]):
@@ -218,6 +242,22 @@ class Download:
                 if len(out) == free or not usable:
                     break
         return out
+
+    def _orphans(self) -> dict[int, float]:
+        """Missing chunks no usable peer announces, each with when it is due
+        to be asked of the seed: ``seed_retry_s`` into the download, and as
+        long after the seed last declined it. Empty while the seed is unknown
+        or dropped."""
+        state = self.peers.get(self.seed) if self.seed is not None else None
+        if state is None or state.banned or self._started is None:
+            return {}
+        after = self._started + self.config.seed_retry_s
+        return {
+            idx: max(after, state.declined.get(idx, after))
+            for idx in range(self.n_chunks)
+            if self.counts[idx] <= 0 and idx not in self.have and idx not in self.in_flight
+            and idx not in self.duplicates
+        }
 
     def _stranger(self, peer: str, state: _Peer) -> bool:
         """Has ``peer`` never sent us a good chunk (and is not the seed)?"""
@@ -334,6 +374,7 @@ class Download:
             for idx in self.in_flight
             if idx not in self.duplicates and self.requested_at[idx] + after > now
         ]
+        times += [t for t in self._orphans().values() if t > now]  # then the seed's to send
         return min(times, default=math.inf)
 
     # --- how requests end ----------------------------------------------------------
@@ -392,8 +433,9 @@ class Download:
         so it rests like a failed peer. ``busy``: the peer had no free upload
         slot; it rests a moment.
         ``declined``: the peer (the seed) wants this chunk fetched from others;
-        we ask it for other chunks meanwhile. Otherwise (reset, error) the peer
-        rests longer.
+        we ask it for other chunks meanwhile, and for this one again after
+        ``seed_retry_s`` if nobody else has sent it. Otherwise (reset, error)
+        the peer rests longer.
         """
         self._finish(peer, idx)
         state = self.peers.get(peer)
@@ -402,7 +444,7 @@ class Download:
         if bad or (stalled and peer != self.seed):
             self.drop(peer)
         elif declined:
-            state.declined[idx] = now + self.config.busy_backoff_s
+            state.declined[idx] = now + self.config.seed_retry_s
         elif busy:
             backoff = self.config.busy_backoff_s * 2 ** min(state.busy_streak, 10)
             cap = self.config.busy_backoff_max_s if state.delivered else self.config.busy_stranger_max_s

@@ -39,7 +39,11 @@ class UploadPolicy:
     first the requester it has sent the fewest chunks. In its first round it
     turns away peers reached only through a relay (``weak``: their uplink is
     capped, so a chunk given only to them spreads slowly) while it is serving
-    any other peer, so they are never starved.
+    any other peer, so they are never starved. A requester that asks again
+    for a chunk it was told to fetch elsewhere gets it: it found no other
+    peer to fetch it from (its holders left, or it dropped them), and the
+    round that would offer the chunk again may never come (it ends only
+    once each chunk has gone out once more, and nobody else may want one).
     """
 
     n_chunks: int
@@ -61,6 +65,7 @@ class UploadPolicy:
         self._offered = frozenset(range(self.n_chunks))
         self._sent_to: dict[str, int] = {}  # the seed: chunks admitted per requester
         self._strong_admitted = 0  # admitted requests from peers not reached through a relay
+        self._declined: dict[str, set[int]] = {}  # the seed: chunks each requester was told to fetch elsewhere
 
     def offered(self) -> frozenset[int]:
         """The chunks to announce: all of them, or for the seed those not yet
@@ -95,15 +100,20 @@ class UploadPolicy:
         another one being served) or ``ask_others``: the seed has pushed this
         chunk in this round already (it no longer offers it; the requester saw
         an older Have) and the swarm relays it. A chunk whose holders left, or
-        lie about holding it, comes from the seed in the next round, when the
-        seed offers it again.
+        lie about holding it, comes from the seed when the requester asks for
+        it again, or in the next round, when the seed offers it again.
         """
         if self.admitted >= self.max_admitted:
             return "busy"
         if self.is_seed and weak and self._round == 0 and self._strong_admitted:
             return "busy"
         if self.is_seed and self.served[idx] > self._round:
-            return "ask_others"
+            if idx not in self._declined.get(peer, ()):
+                if peer not in self._declined and len(self._declined) >= MAX_REQUESTERS:
+                    self._declined.clear()  # bounded; forgetting costs one more round trip
+                self._declined.setdefault(peer, set()).add(idx)
+                return "ask_others"
+            self._declined[peer].discard(idx)  # asked again: nobody else could send it
         self.admitted += 1
         self._strong_admitted += not weak
         self.served[idx] += 1

@@ -72,3 +72,17 @@ async def test_prompts_given_back_go_out_again_at_once_and_do_not_lapse(autojump
     await trio.sleep(61)
     p.take("third", 2, version=1)  # lapses are charged when prompts are handed out
     assert struck == ["other"]  # "late" gave them back in time: no strike for it
+
+
+async def test_a_prompt_every_asking_peer_let_lapse_does_not_hold_up_the_round(autojump_clock):
+    """A lapsed prompt never goes back to a peer that held it; the round's
+    slot then gets a fresh prompt instead, so a sync step never waits on it."""
+    p = pool(1)
+    p.set_open(True)
+    [first] = p.take("a", 1, version=0)
+    await trio.sleep(61)
+    [second] = p.take("b", 1, version=0)
+    assert second.prompt_id == first.prompt_id  # the lapsed one goes to the next peer
+    await trio.sleep(61)
+    [fresh] = p.take("a", 1, version=0)  # both held it: a fresh prompt fills the slot
+    assert fresh.prompt_id not in (first.prompt_id, second.prompt_id)

@@ -1,0 +1,56 @@
+"""The peer book: strikes, bans and which peers count as active."""
+
+import pytest
+
+from echo_learner import peers as peers_module
+from echo_learner.peers import PeerBook
+from echo_learner.sizing import Worker, prompts_for
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(peers_module.time, "time", c)
+    return c
+
+
+def book() -> PeerBook:
+    return PeerBook(strikes_to_ban=3, strike_window_s=300, ban_s=600, max_peers=100)
+
+
+def test_a_peer_struck_for_lapsed_prompts_is_not_seen_again(clock):
+    """A node took the round's prompts and went silent (it waited on a
+    version it could not fetch). When they lapse it is struck; the strike
+    must not count as hearing from it, or it stays 'active' for one more
+    deadline and the sizing model keeps the lapsed prompt for it."""
+    deadline_s = 32.0
+    b = book()
+    b.seen("silent").rate = 128.0  # rollouts/s: the fastest, so the model expects it to take the rest
+    b.seen("honest").rate = 64.0
+    clock.now += deadline_s + 1  # the silent node's prompt lapses; honest asks again
+    b.seen("honest")
+    b.strike("silent")
+    active = {s.peer for s in b.active(deadline_s)}
+    assert active == {"honest"}
+    # The honest node now gets the round's last prompt, although it had its
+    # share of the round: nobody else is there to take it.
+    swarm = [Worker(s.rate / 8, 0.0) for s in b.active(deadline_s)]
+    assert prompts_for(64.0, deadline_s, 8, 16, swarm=swarm, unassigned=1, handed_this_round=4) == 1
+
+
+def test_three_strikes_ban(clock):
+    b = book()
+    for _ in range(3):
+        assert not b.banned("p")
+        b.strike("p")
+    assert b.banned("p")
+    clock.now += 601
+    assert not b.banned("p")
