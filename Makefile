@@ -13,7 +13,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 STAMP := $(VENV)/.installed
 LLAMA_STAMP := $(VENV)/.installed-llama
 
-.PHONY: install install-llama install-browser install-net demo demo-real test clean
+.PHONY: install install-llama install-browser install-net demo demo-real lint format test-fast test clean
 
 install: $(STAMP)
 
@@ -59,6 +59,21 @@ demo: install
 demo-real: install-llama
 	$(PY) scripts/demo.py --real
 
+# ruff's lint rules and formatter (pyproject.toml, [tool.ruff]); `make format` applies the formatter.
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: install
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+# Lint and the unit tests (tests/protocol, tests/learner, tests/node) that start
+# no swarm of processes: about 2 minutes on 2 cores.
+test-fast: lint install-llama
+	$(PY) -m pytest -q -m "not procs" tests/protocol tests/learner tests/node
+
+# Everything: unit tests, real swarms on loopback, the browser, NAT namespaces (~13 minutes).
 test: install-llama install-browser install-net
 	$(PY) -m pytest -q
 

@@ -23,9 +23,10 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from fakes import claim_everything  # noqa: E402
+
 from echo_node.config import NodeConfig  # noqa: E402
 from echo_node.node import Node  # noqa: E402
-from fakes import claim_everything  # noqa: E402
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine  # noqa: E402
 from protocol.broadcast.store import VersionStore  # noqa: E402
 from protocol.identity import load_or_create  # noqa: E402

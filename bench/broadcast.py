@@ -29,7 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from broadcast_sim import parse_args as sim_args, simulate  # noqa: E402
+from broadcast_sim import parse_args as sim_args  # noqa: E402
+from broadcast_sim import simulate
 from localswarm import local_swarm  # noqa: E402
 from swarmproc import Peer, keep_logs, print_result, wait_until  # noqa: E402
 

@@ -57,18 +57,18 @@ def main() -> None:
     logs.setup(os.environ.get("BENCH_VERBOSE") == "1")
 
     import trio
-
-    from protocol import manifest as manifests, updates
     from fakes import claim_everything
-    from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
-    from protocol.broadcast.store import VersionStore
     from libp2p.peer.id import ID
 
+    from protocol import manifest as manifests
+    from protocol import updates
+    from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
+    from protocol.broadcast.store import VersionStore
     from protocol.dial import current_route
     from protocol.identity import load_or_create
-    from protocol.wire.chunk import ChunkRequest
     from protocol.runtime import run_until_signal
     from protocol.swarm import connect_bootstrap, open_swarm
+    from protocol.wire.chunk import ChunkRequest
 
     identity = load_or_create(args.data_dir / "identity.key")
     me = identity.peer_id_str

@@ -53,10 +53,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from echo_learner.model import smollm2_path  # noqa: E402
 from localswarm import SwarmError, local_swarm  # noqa: E402
+
+from echo_learner.model import smollm2_path  # noqa: E402
 from protocol import codec  # noqa: E402
-from protocol.wire.rollout import RolloutBatch
+from protocol.wire.rollout import RolloutBatch  # noqa: E402
 
 TARGET = 0.9
 PINNED = (os.cpu_count() or 1) >= 2

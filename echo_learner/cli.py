@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-from dataclasses import fields
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 

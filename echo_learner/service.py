@@ -34,8 +34,8 @@ from echo_learner.heldout import HeldoutMonitor
 from echo_learner.ingest import Ingest, now_ms
 from echo_learner.job_bounds import check_answers_fit, check_prompts_fit
 from echo_learner.ledger import Ledger
-from echo_learner.metrics import LearnerMetrics
 from echo_learner.lora import LoraSettings, adapter_state, describe_lora, load_adapter_state, state_bytes, wrap
+from echo_learner.metrics import LearnerMetrics
 from echo_learner.model import config_json, describe, load_model, render_prompt, stop_ids, tokenizer_digest
 from echo_learner.peers import PeerBook
 from echo_learner.pool import PromptPool
@@ -52,8 +52,8 @@ from protocol.broadcast.store import VersionStore
 from protocol.files import write_atomic
 from protocol.host import full_addrs
 from protocol.identity import Identity
-from protocol.lan import discover_lan
 from protocol.ids import JOB_DIRECTORY_KEY, manifest_key
+from protocol.lan import discover_lan
 from protocol.logs import event
 from protocol.messages import MAX_PROMPT_TOKENS, Manifest
 from protocol.rpc import serve

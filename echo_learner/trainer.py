@@ -13,8 +13,8 @@ import torch
 
 from echo_learner.device import of as device_of
 from echo_learner.grpo import clipped_surrogate_loss, group_advantages, kl_penalty
-from echo_learner.lora import state_bytes
 from echo_learner.logprobs import TRAIN_BYTES_PER_LOGIT, completion_logprobs, row_slices, spread
+from echo_learner.lora import state_bytes
 
 
 @dataclass(frozen=True)

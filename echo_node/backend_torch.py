@@ -11,7 +11,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from echo_node.backend import Sample
 from echo_node.device import Device, cpu
 
-
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 

@@ -169,13 +169,12 @@ def join(config: NodeConfig, learner_addrs: tuple[str, ...], *, verbose: bool) -
 
     from echo_node.backend import BackendUnavailable, choose
     from echo_node.guard import Refused
-    from echo_node.node import NoLearnerFound, Node
+    from echo_node.node import Node, NoLearnerFound
     from protocol.host import BadMultiaddr, check_addrs
     from protocol.identity import load_or_exit
+    from protocol.messages import MAX_NAME
     from protocol.runtime import run_until_signal
     from protocol.swarm import BootstrapUnreachable
-
-    from protocol.messages import MAX_NAME
 
     if len(config.name) > MAX_NAME:
         fail(PROG, f"--name is {len(config.name)} characters; at most {MAX_NAME}")
@@ -215,7 +214,7 @@ def credits(config: NodeConfig, learner_addrs: tuple[str, ...], *, as_json: bool
     import json
     from collections import Counter
 
-    from echo_node.node import NoLearnerFound, Node
+    from echo_node.node import Node, NoLearnerFound
     from protocol.host import BadMultiaddr
     from protocol.identity import load_or_exit
     from protocol.rpc import RequestFailed

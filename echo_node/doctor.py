@@ -40,9 +40,9 @@ from protocol.host import parse_peer_addr
 from protocol.identity import Identity, load
 from protocol.probe import measure_upload, try_punch
 from protocol.reachability import PRIVATE, PUBLIC, check_reachability
-from protocol.upnp import PortMapper
 from protocol.rpc import route
 from protocol.swarm import open_swarm, ping
+from protocol.upnp import PortMapper
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
@@ -147,7 +147,7 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
                                 "fix the bootstrap check first"))
             return checks
 
-        from echo_node.node import NoLearnerFound, Node
+        from echo_node.node import Node, NoLearnerFound
 
         node = Node(config, identity, learner_addrs=learner_addrs)
         node.swarm = swarm

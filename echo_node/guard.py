@@ -27,7 +27,6 @@ from typing import Any
 
 from protocol.wire.work import WorkAssignment
 
-
 # Below this, softmax(logits / T) underflows to a one-hot in float64 for
 # ordinary logit gaps: sampling degenerates to argmax and log-probs to
 # -inf, which no learner can verify. The learner samples at 1.0.

@@ -21,8 +21,8 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 
-from protocol.connlimits import ConnectionSettings
 from protocol.conngate import InboundGate
+from protocol.connlimits import ConnectionSettings
 from protocol.identity import Identity
 
 

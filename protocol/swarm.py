@@ -21,9 +21,9 @@ from libp2p.peer.peerinfo import PeerInfo
 from libp2p.tools.anyio_service import background_trio_service
 
 from protocol.conngate import InboundGate
+from protocol.connlimits import ConnectionSettings
 from protocol.dht_limits import bound_dht
 from protocol.dial import HolePuncher, dial
-from protocol.connlimits import ConnectionSettings
 from protocol.host import connection_config, make_host, parse_multiaddr, parse_peer_addr
 from protocol.identity import Identity
 from protocol.ids import DHT_NAMESPACE, RELAY_DIRECTORY_KEY

@@ -181,8 +181,7 @@ async def test_dishonest_nodes_are_refused_and_honest_ones_are_not(swarm_factory
         verdicts = [json.loads(line)["verdict"] for line in lines]
         assert verdicts and set(verdicts) == {"accepted"}, (i, verdicts[-5:])
     (honest_refused,) = db.execute(
-        "SELECT COUNT(*) FROM verdicts WHERE verdict = 'refused' AND peer NOT IN (%s)"
-        % ",".join("?" * len(adversaries)),
+        f"SELECT COUNT(*) FROM verdicts WHERE verdict = 'refused' AND peer NOT IN ({','.join('?' * len(adversaries))})",
         [a.me for a in adversaries.values()],
     ).fetchone()
     assert honest_refused == 0
@@ -211,7 +210,7 @@ def _check_the_api(swarm, adversaries):
     assert receipts[0]["credit"] > 0 and receipts[0]["tokens"] > 0 and receipts[1]["credit"] == 0
 
     metrics = _get(url + "/metrics")
-    forged = re.search(r'echo_batches_refused_total\{reason="%s"\} (\d+)' % BAD_LOGPROBS, metrics)
+    forged = re.search(r'echo_batches_refused_total\{reason="' + BAD_LOGPROBS + r'"\} (\d+)', metrics)
     assert forged and int(forged.group(1)) == 3, metrics
 
 

@@ -6,7 +6,6 @@ import sys
 import time
 
 import pytest
-
 from localswarm import local_swarm
 
 DEAD = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWDqyh47JhwjZcD483yJfGRvEFHTKUeeMpc5XJpE6skuCW"

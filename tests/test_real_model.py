@@ -23,7 +23,6 @@ from protocol import codec
 from protocol.identity import load_or_create
 from protocol.wire.rollout import RolloutBatch
 
-
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not llama_installed(), reason="llama.cpp not installed: pip install -e '.[llama]' (make test does)"),

@@ -47,7 +47,7 @@ def test_swarm_trains_and_every_accepted_batch_has_a_receipt(swarm_factory):
     receipts = []
     for i in range(2):
         lines = (swarm.root / f"node{i}" / "receipts.jsonl").read_text().splitlines()
-        receipts += [codec.decode(bytes.fromhex(json.loads(l)["receipt"]), Receipt) for l in lines]
+        receipts += [codec.decode(bytes.fromhex(json.loads(line)["receipt"]), Receipt) for line in lines]
     learner_ids = {r.learner_id for r in receipts}
     assert len(learner_ids) == 1
     for r in receipts:

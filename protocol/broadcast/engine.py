@@ -40,7 +40,8 @@ from libp2p.network.stream.exceptions import StreamError
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from protocol import manifest as manifests, updates
+from protocol import manifest as manifests
+from protocol import updates
 from protocol.broadcast import bitfield
 from protocol.broadcast.scheduler import Download, SchedulerConfig
 from protocol.broadcast.serving import ChunkServer, manifest_digest

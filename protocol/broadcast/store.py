@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from protocol import codec, manifest as manifests, updates
+from protocol import codec, updates
+from protocol import manifest as manifests
 from protocol.errors import ChunkHashMismatch, ProtocolError
 from protocol.files import write_atomic
 from protocol.logs import event

@@ -96,7 +96,10 @@ async def test_only_the_bound_address_is_answered_against_dns_rebinding():
 async def test_beyond_loopback_only_the_public_summary_is_answered_without_the_token():
     table = {**TABLE, "/api/status": lambda q: {"summary": 1}}
     server = Server.for_table(table, token="s3cret")
-    ask = lambda path, extra=b"": _exchange(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n" + extra + b"\r\n", server=server)
+
+    def ask(path, extra=b""):
+        return _exchange(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n" + extra + b"\r\n", server=server)
+
     assert (await ask(b"/api/status")).startswith(b"HTTP/1.1 200")
     assert (await ask(b"/api/ok")).startswith(b"HTTP/1.1 401")
     assert (await ask(b"/api/ok", b"Authorization: Bearer wrong\r\n")).startswith(b"HTTP/1.1 401")

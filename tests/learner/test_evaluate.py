@@ -8,8 +8,8 @@ import trio
 from echo_learner.evaluate import Stopped, evaluate, mean_with_ci, wilson
 from echo_learner.heldout import HeldoutMonitor
 from echo_learner.model import load_model
-from echo_learner.tasks.registry import load_task
 from echo_learner.tasks.base import TaskError, TaskPrompt
+from echo_learner.tasks.registry import load_task
 
 
 def test_wilson_interval():

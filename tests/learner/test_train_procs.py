@@ -9,6 +9,8 @@ from echo_learner.model import build_model
 from echo_learner.train_group import TrainGroup, TrainGroupError
 from echo_learner.trainer import Objective, ScoredGroup, Trainer
 
+pytestmark = pytest.mark.procs  # torchrun and its ranks: the full suite only
+
 OBJ = Objective(clip_eps=0.2, ratio_cap=3.0, kl_coef=0.05)
 LR = 1e-3
 

@@ -4,9 +4,9 @@ import torch
 
 from echo_learner.model import build_model, build_tokenizer, config_json, tokenizer_digest
 from echo_learner.trainer import Objective, ScoredGroup, Trainer
+from echo_node.backend_torch import TorchBackend
 
 OBJ = Objective(clip_eps=0.2, ratio_cap=3.0, kl_coef=0.0)
-from echo_node.backend_torch import TorchBackend
 
 
 def sequence_logprob(model, prompt, completion):

@@ -9,8 +9,8 @@ from echo_learner import verify as v
 from echo_learner.ledger import Ledger, Row
 from echo_learner.pool import PromptPool
 from echo_learner.tasks.base import TaskPrompt
-from tests.protocol.samples import LEARNER, NODE, batch
 from protocol.wire.rollout import Completion, RolloutGroup
+from tests.protocol.samples import LEARNER, NODE, batch
 
 LIMITS = v.Limits(job_id="reverse-test", vocab_size=259, group_size=2, max_new_tokens=4, stop_ids=frozenset({258}))
 WINDOW = v.Window(3, 3)

@@ -12,7 +12,6 @@ broadcast engine on its own with synthetic weights.
 from __future__ import annotations
 
 import pytest
-
 from localswarm import local_swarm
 from netns import Topology, missing_tools
 from swarmproc import Peer, wait_until

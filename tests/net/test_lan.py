@@ -14,7 +14,6 @@ import sys
 import time
 
 import pytest
-
 from localswarm import local_swarm
 from netns import Topology, missing_tools
 

@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from localswarm import local_swarm
 from netns import Topology, missing_tools
 

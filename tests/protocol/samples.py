@@ -1,8 +1,8 @@
 """Valid messages of every kind, for round-trip and fuzz tests."""
 
+from protocol import manifest
 from protocol.identity import Identity
 from protocol.messages import UNSIGNED, ErrorReply, Invite
-from protocol import manifest
 from protocol.probe import PunchReady, PunchRequest, PunchResult, UploadResult, UploadSample
 from protocol.wire.chunk import ChunkData, ChunkRequest, ManifestRequest
 from protocol.wire.have import Have

@@ -37,9 +37,9 @@ async def test_a_peer_cannot_store_records_under_namespaces_we_do_not_validate()
 
 
 def test_what_peers_make_us_store_is_bounded():
+    from libp2p.kad_dht.pb.kademlia_pb2 import Record
     from libp2p.kad_dht.provider_store import ProviderStore
     from libp2p.kad_dht.value_store import ValueStore
-    from libp2p.kad_dht.pb.kademlia_pb2 import Record
 
     from protocol.dht_limits import bound_provider_store, bound_value_store
 

@@ -6,7 +6,8 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from echo_learner.lora import LoraSettings, adapter_bytes, state_bytes, wrap
 from echo_learner.model import ModelShape, build_model, config_json
