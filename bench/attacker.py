@@ -46,8 +46,12 @@ def count(what: str, n: int = 1) -> None:
 
 def make_node(args: argparse.Namespace, i: int) -> Node:
     config = NodeConfig(
-        bootstrap=[args.bootstrap], listen=[LOOPBACK], data_dir=args.data_dir / f"identity{i}",
-        mdns=False, upnp=False, name=f"attacker{i}",
+        bootstrap=[args.bootstrap],
+        listen=[LOOPBACK],
+        data_dir=args.data_dir / f"identity{i}",
+        mdns=False,
+        upnp=False,
+        name=f"attacker{i}",
     )
     return Node(config, load_or_create(config.identity_path))
 
@@ -56,8 +60,14 @@ async def ask(node: Node, max_prompts: int = 4) -> None:
     """One work request, never answered; counts what came back."""
     try:
         reply = await request(
-            node.swarm.host, node.learner, work.PROTOCOL,
-            lambda stream: work.ask(stream, WorkRequest(node.job_id, max_prompts, -1, "torch", "f32", node.config.name, "public", "cpu", 0, 0.0)), timeout_s=60,
+            node.swarm.host,
+            node.learner,
+            work.PROTOCOL,
+            lambda stream: work.ask(
+                stream,
+                WorkRequest(node.job_id, max_prompts, -1, "torch", "f32", node.config.name, "public", "cpu", 0, 0.0),
+            ),
+            timeout_s=60,
         )
     except RequestFailed:
         count("failed")
@@ -173,8 +183,9 @@ async def _fake_holder(node: Node, answer) -> None:  # type: ignore[no-untyped-d
     async with node.joined() as swarm, trio.open_nursery() as nursery:
         learner_id = node.learner.to_base58()
         store = VersionStore(node.config.weights_dir(node.job_id), learner_id=learner_id, keep=2)
-        engine = BroadcastEngine(swarm, store, job_id=node.job_id, learner_id=learner_id,
-                                 is_seed=False, config=BroadcastConfig())
+        engine = BroadcastEngine(
+            swarm, store, job_id=node.job_id, learner_id=learner_id, is_seed=False, config=BroadcastConfig()
+        )
 
         async def download_nothing() -> None:  # it knows each manifest; that is all it needs
             await trio.sleep_forever()
@@ -278,10 +289,20 @@ async def report_forever(args: argparse.Namespace) -> None:
         print(json.dumps(counts), flush=True)
 
 
-ATTACKS = {f.__name__: f for f in (
-    work_flood, sybil_requests, unanswered_prompts, stalling_chunk_peers, busy_flapping,
-    idle_sockets, api_pollers, api_slowloris, idle_members,
-)}
+ATTACKS = {
+    f.__name__: f
+    for f in (
+        work_flood,
+        sybil_requests,
+        unanswered_prompts,
+        stalling_chunk_peers,
+        busy_flapping,
+        idle_sockets,
+        api_pollers,
+        api_slowloris,
+        idle_members,
+    )
+}
 
 
 def main() -> None:

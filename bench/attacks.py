@@ -127,10 +127,12 @@ def cpu_cap(cores: float) -> Path | None:
 
 def attacker_limits(group: Path | None):
     """preexec_fn for the attacker: into ``group`` (if any), then SCHED_IDLE."""
+
     def apply() -> None:
         if group is not None:
             (group / "cgroup.procs").write_text("0")
         idle_priority()
+
     return apply
 
 
@@ -186,9 +188,19 @@ def scenario(name: str, args: argparse.Namespace, root: Path) -> dict:
             fill = {"learner": f"127.0.0.1:{learner_port}", "api": f"127.0.0.1:{api_port}"}
             extra = [a.format(**fill) for a in ATTACKS[name]]
             return subprocess.Popen(
-                [sys.executable, str(ATTACKER), name, "--bootstrap", swarm.bootstrap_addr,
-                 "--data-dir", str(root / "attacker"), *extra],
-                stdout=open(attack_log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+                [
+                    sys.executable,
+                    str(ATTACKER),
+                    name,
+                    "--bootstrap",
+                    swarm.bootstrap_addr,
+                    "--data-dir",
+                    str(root / "attacker"),
+                    *extra,
+                ],
+                stdout=open(attack_log, "w"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
                 preexec_fn=attacker_limits(None if name in UNCAPPED else args.cap_group),
             )
 
@@ -200,7 +212,8 @@ def scenario(name: str, args: argparse.Namespace, root: Path) -> dict:
             wait_for(
                 "every honest node has a batch accepted",
                 lambda: all(accepted_since(ledger, {p}, 0, 2**62) > 0 for p in honest),
-                args.join_timeout_s, swarm,
+                args.join_timeout_s,
+                swarm,
             )
             if attacker is None and name != "baseline":
                 attacker = start_attack()
@@ -219,8 +232,9 @@ def scenario(name: str, args: argparse.Namespace, root: Path) -> dict:
                 attacker.kill()
                 attacker.wait()
         codes = swarm.stop_all()
-    reports = [json.loads(x) for x in attack_log.read_text().splitlines() if x.startswith("{")] \
-        if attack_log.exists() else []
+    reports = (
+        [json.loads(x) for x in attack_log.read_text().splitlines() if x.startswith("{")] if attack_log.exists() else []
+    )
     return {
         "attacker_capped": attacker is not None and args.cap_group is not None and name not in UNCAPPED,
         "accepted_batches": accepted,
@@ -236,14 +250,19 @@ def scenario(name: str, args: argparse.Namespace, root: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
-    parser.add_argument("--only", action="append", choices=sorted(set(ATTACKS) - {CONTROL}),
-                        help="run just these attacks")
+    parser.add_argument(
+        "--only", action="append", choices=sorted(set(ATTACKS) - {CONTROL}), help="run just these attacks"
+    )
     parser.add_argument("--window-s", type=float, default=40.0, help="measurement window per scenario")
     parser.add_argument("--settle-s", type=float, default=8.0, help="attack running before the window opens")
     parser.add_argument("--join-timeout-s", type=float, default=180.0)
     parser.add_argument("--keep", action="store_true", help="keep the run's logs (printed path)")
-    parser.add_argument("--attacker-cores", type=float, default=0.1,
-                        help="CPU cap for the attacker process (cgroup; 0: SCHED_IDLE only)")
+    parser.add_argument(
+        "--attacker-cores",
+        type=float,
+        default=0.1,
+        help="CPU cap for the attacker process (cgroup; 0: SCHED_IDLE only)",
+    )
     args = parser.parse_args()
     args.cap_group = cpu_cap(args.attacker_cores) if args.attacker_cores > 0 else None
 
@@ -273,8 +292,7 @@ def main() -> None:
         result["target"] = TARGET.get(name, 0.8)
         # An attack that got no answer at all did not take hold: not a pass.
         result["engaged"] = bool(result.get("attacker"))
-        result["met"] = (result["honest_retained"] >= result["target"] and result["honest_alive"]
-                         and result["engaged"])
+        result["met"] = result["honest_retained"] >= result["target"] and result["honest_alive"] and result["engaged"]
     out = {
         "honest_nodes": HONEST,
         "window_s": args.window_s,

@@ -37,27 +37,58 @@ from swarmproc import Peer, keep_logs, print_result, wait_until  # noqa: E402
 
 def run_once(root: Path, bootstrap: str, args: argparse.Namespace, relay: bool, stalling: int = 0) -> dict:
     mode = ("pipelined" if relay else "star") + (f"-stalling{stalling}" if stalling else "")
-    common = ["--bootstrap", bootstrap, "--job-id", f"bench-{mode}",
-              "--upload-mbit", str(args.upload_mbit), "--chunk-kib", str(args.chunk_kib)]
-    seed = Peer(f"{mode}-seed", ["--role", "seed", "--data-dir", str(root / f"{mode}-seed"),
-                                 "--size-mib", str(args.size_mib), *common], root)
+    common = [
+        "--bootstrap",
+        bootstrap,
+        "--job-id",
+        f"bench-{mode}",
+        "--upload-mbit",
+        str(args.upload_mbit),
+        "--chunk-kib",
+        str(args.chunk_kib),
+    ]
+    seed = Peer(
+        f"{mode}-seed",
+        ["--role", "seed", "--data-dir", str(root / f"{mode}-seed"), "--size-mib", str(args.size_mib), *common],
+        root,
+    )
     peers = [seed]
     try:
         wait_until([seed], lambda: seed.last("ready") is not None, 60)
         learner_id = seed.last("ready")["peer"]
         nodes = [
-            Peer(f"{mode}-node{i}",
-                 ["--role", "node", "--data-dir", str(root / f"{mode}-node{i}"),
-                  "--learner-id", learner_id, *common, *([] if relay else ["--no-relay"])],
-                 root)
+            Peer(
+                f"{mode}-node{i}",
+                [
+                    "--role",
+                    "node",
+                    "--data-dir",
+                    str(root / f"{mode}-node{i}"),
+                    "--learner-id",
+                    learner_id,
+                    *common,
+                    *([] if relay else ["--no-relay"]),
+                ],
+                root,
+            )
             for i in range(args.nodes)
         ]
         peers += nodes
         stallers = [
-            Peer(f"{mode}-staller{i}",
-                 ["--role", "node", "--data-dir", str(root / f"{mode}-staller{i}"),
-                  "--learner-id", learner_id, "--stall", *common],
-                 root)
+            Peer(
+                f"{mode}-staller{i}",
+                [
+                    "--role",
+                    "node",
+                    "--data-dir",
+                    str(root / f"{mode}-staller{i}"),
+                    "--learner-id",
+                    learner_id,
+                    "--stall",
+                    *common,
+                ],
+                root,
+            )
             for i in range(stalling)
         ]
         peers += stallers
@@ -66,15 +97,18 @@ def run_once(root: Path, bootstrap: str, args: argparse.Namespace, relay: bool, 
         wait_until(peers, lambda: all((n.last("neighbours") or {}).get("n", 0) >= want for n in nodes), 120)
         cpu_before = {n.name: n.last("neighbours")["cpu_s"] for n in nodes}
         seed.send("publish")
-        wait_until(peers, lambda: all(n.last("complete") for n in nodes) and seed.last("published"),
-                   args.timeout_s)
+        wait_until(peers, lambda: all(n.last("complete") for n in nodes) and seed.last("published"), args.timeout_s)
         t0 = seed.last("published")["t"]
         times = sorted(n.last("complete")["t"] - t0 for n in nodes)
         from_seed = sum(n.last("complete")["bytes_from"].get(learner_id, 0) for n in nodes)
         total = sum(sum(n.last("complete")["bytes_from"].values()) for n in nodes)
         node_cpu = sum(n.last("complete")["cpu_s"] - cpu_before[n.name] for n in nodes)
-        return {"s": times[-1], "p50_s": times[len(times) // 2], "seed_share": from_seed / total,
-                "node_cpu_s": node_cpu}
+        return {
+            "s": times[-1],
+            "p50_s": times[len(times) // 2],
+            "seed_share": from_seed / total,
+            "node_cpu_s": node_cpu,
+        }
     finally:
         for p in peers:
             p.stop()
@@ -86,8 +120,12 @@ def main() -> None:
     parser.add_argument("--size-mib", type=float, default=32)
     parser.add_argument("--upload-mbit", type=float, default=20)
     parser.add_argument("--chunk-kib", type=int, default=256)
-    parser.add_argument("--stalling", type=int, default=4,
-                        help="extra peers that announce every chunk and never send one (0: no such run)")
+    parser.add_argument(
+        "--stalling",
+        type=int,
+        default=4,
+        help="extra peers that announce every chunk and never send one (0: no such run)",
+    )
     parser.add_argument("--timeout-s", type=float, default=300)
     parser.add_argument("--skip-star", action="store_true", help="no star run")
     parser.add_argument("--skip-sim", action="store_true", help="no simulator run")
@@ -126,10 +164,23 @@ def main() -> None:
         result["star_s"] = round(star["s"], 3)
         result["star_over_pipelined"] = round(star["s"] / pipelined["s"], 3)
     if not args.skip_sim:
-        sim = simulate(sim_args([
-            "--only", "--nodes", str(args.nodes), "--size-mib", str(args.size_mib),
-            "--chunk-kib", str(args.chunk_kib), "--upload-mbit", str(args.upload_mbit), "--latency-ms", "1",
-        ]))
+        sim = simulate(
+            sim_args(
+                [
+                    "--only",
+                    "--nodes",
+                    str(args.nodes),
+                    "--size-mib",
+                    str(args.size_mib),
+                    "--chunk-kib",
+                    str(args.chunk_kib),
+                    "--upload-mbit",
+                    str(args.upload_mbit),
+                    "--latency-ms",
+                    "1",
+                ]
+            )
+        )
         result["sim_s"] = sim["p100_s"]
         result["sim_over_pipelined"] = round(sim["p100_s"] / pipelined["s"], 3)
     print_result(result, args.json)

@@ -36,20 +36,31 @@ def main() -> None:
     parser.add_argument("--chunk-kib", type=int, default=512)
     parser.add_argument("--no-relay", action="store_true", help="never serve (star baseline)")
     parser.add_argument("--corrupt", action="store_true", help="serve corrupted chunks (tests)")
-    parser.add_argument("--stall", action="store_true",
-                        help="announce every chunk, download nothing and never answer chunk requests")
+    parser.add_argument(
+        "--stall", action="store_true", help="announce every chunk, download nothing and never answer chunk requests"
+    )
     parser.add_argument("--request-timeout-s", type=float, default=10.0)
     parser.add_argument("--keep", type=int, default=2)
-    parser.add_argument("--update-fraction", type=float, default=0.0,
-                        help="seed: publish each version after the first as a delta against v0 "
-                        "that changes this fraction of its bytes")
-    parser.add_argument("--staged", type=Path, default=None,
-                        help="seed: publish the versions of this version store (signed with this "
-                        "seed's identity, e.g. by bench/delta.py) one per publish, instead of random ones")
+    parser.add_argument(
+        "--update-fraction",
+        type=float,
+        default=0.0,
+        help="seed: publish each version after the first as a delta against v0 that changes this fraction of its bytes",
+    )
+    parser.add_argument(
+        "--staged",
+        type=Path,
+        default=None,
+        help="seed: publish the versions of this version store (signed with this "
+        "seed's identity, e.g. by bench/delta.py) one per publish, instead of random ones",
+    )
     parser.add_argument("--max-peers", type=int, default=16)
     parser.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
-    parser.add_argument("--behind-nat", action="store_true",
-                        help="hold a relay reservation on the bootstrap peer (a node nobody can dial)")
+    parser.add_argument(
+        "--behind-nat",
+        action="store_true",
+        help="hold a relay reservation on the bootstrap peer (a node nobody can dial)",
+    )
     args = parser.parse_args()
 
     from protocol import logs
@@ -74,8 +85,11 @@ def main() -> None:
     me = identity.peer_id_str
     learner_id = me if args.role == "seed" else args.learner_id
     config = BroadcastConfig(
-        max_upload_mbit=args.upload_mbit, relay=not args.no_relay, max_peers=args.max_peers,
-        discover_interval_s=0.5, request_timeout_s=args.request_timeout_s,
+        max_upload_mbit=args.upload_mbit,
+        relay=not args.no_relay,
+        max_peers=args.max_peers,
+        discover_interval_s=0.5,
+        request_timeout_s=args.request_timeout_s,
     )
 
     async def run() -> None:
@@ -84,8 +98,12 @@ def main() -> None:
             await connect_bootstrap(swarm, [args.bootstrap], 10)
             store = VersionStore(args.data_dir / "weights", learner_id=learner_id, keep=args.keep)
             engine = BroadcastEngine(
-                swarm, store, job_id=args.job_id, learner_id=learner_id,
-                is_seed=args.role == "seed", config=config,
+                swarm,
+                store,
+                job_id=args.job_id,
+                learner_id=learner_id,
+                is_seed=args.role == "seed",
+                config=config,
             )
             if args.corrupt:
                 corrupt(engine)
@@ -115,8 +133,15 @@ def main() -> None:
 
     def synthetic(identity, version: int, base):
         """A random version, or (--update-fraction) a delta against the first."""
-        common = dict(job_id=args.job_id, version=version, parent_version=version - 1, task="bench",
-                      model_config="{}", tokenizer_digest=bytes(32), chunk_size=args.chunk_kib * 1024)
+        common = dict(
+            job_id=args.job_id,
+            version=version,
+            parent_version=version - 1,
+            task="bench",
+            model_config="{}",
+            tokenizer_digest=bytes(32),
+            chunk_size=args.chunk_kib * 1024,
+        )
         if base is None or not args.update_fraction:
             return manifests.build(identity, weights=os.urandom(int(args.size_mib * 2**20)), **common)
         base_m, base_weights = base
@@ -124,8 +149,9 @@ def main() -> None:
         for i in random.sample(range(len(weights)), int(args.update_fraction * len(weights))):
             weights[i] ^= random.randrange(1, 256)
         payload = updates.encode_delta(base_weights, bytes(weights))
-        return manifests.build(identity, weights=bytes(weights),
-                               update=manifests.Update(updates.DELTA, base_m, payload), **common)
+        return manifests.build(
+            identity, weights=bytes(weights), update=manifests.Update(updates.DELTA, base_m, payload), **common
+        )
 
     async def seed_commands(engine, identity) -> None:
         version = 0
@@ -148,8 +174,7 @@ def main() -> None:
                 if base is None:
                     base = (m, b"".join(chunks))
             await engine.publish(m, chunks)
-            emit(event="published", version=version, t=time.time(), chunks=len(chunks),
-                 cpu_s=time.process_time())
+            emit(event="published", version=version, t=time.time(), chunks=len(chunks), cpu_s=time.process_time())
             version += 1
 
     def rebuilds_exactly(store, version: int) -> bool:
@@ -168,17 +193,22 @@ def main() -> None:
             if m is not None and (m.version, len(engine.store.chunks_held(m.version))) != shown:
                 shown = (m.version, len(engine.store.chunks_held(m.version)))
                 emit(event="progress", version=shown[0], held=shown[1])
-            for version in [v for v in sorted(engine.store.manifests)
-                            if v not in done and engine.store.usable(v)]:
+            for version in [v for v in sorted(engine.store.manifests) if v not in done and engine.store.usable(v)]:
                 done.add(version)
                 emit(
-                    event="complete", version=version, t=time.time(), cpu_s=time.process_time(),
+                    event="complete",
+                    version=version,
+                    t=time.time(),
+                    cpu_s=time.process_time(),
                     format=engine.store.manifests[version].format,
                     exact=await trio.to_thread.run_sync(rebuilds_exactly, engine.store, version),
-                    bytes_from=dict(engine.stats.bytes_from), banned=engine.stats.banned,
+                    bytes_from=dict(engine.stats.bytes_from),
+                    banned=engine.stats.banned,
                     stalls=dict(engine.stats.stalls),
-                    routes={peer: current_route(engine.swarm.host, ID.from_base58(peer)) or "gone"
-                            for peer in engine.neighbours},
+                    routes={
+                        peer: current_route(engine.swarm.host, ID.from_base58(peer)) or "gone"
+                        for peer in engine.neighbours
+                    },
                     punches=engine.swarm.puncher.outcomes,
                     disk_bytes=engine.store.disk_bytes(),
                 )

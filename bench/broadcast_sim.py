@@ -124,9 +124,7 @@ class Simulation:
         self.config = BroadcastConfig(
             upload_slots=args.upload_slots,
             upload_queue=args.upload_queue,
-            scheduler=SchedulerConfig(
-                max_in_flight_per_peer=args.per_peer, max_in_flight=args.in_flight
-            ),
+            scheduler=SchedulerConfig(max_in_flight_per_peer=args.per_peer, max_in_flight=args.in_flight),
         )
         self.mix = parse_mix(args.mix) if args.mix else None
         self.chunk = args.chunk_kib * 1024
@@ -180,8 +178,13 @@ class Simulation:
             upload_Bps=up,
             download_Bps=down,
             latency_s=latency,
-            download=None if seed else Download(
-                self.n_chunks, set(), seed=SEED, config=cfg.scheduler,
+            download=None
+            if seed
+            else Download(
+                self.n_chunks,
+                set(),
+                seed=SEED,
+                config=cfg.scheduler,
                 rng=random.Random(self.rng.random()),
             ),
             policy=UploadPolicy(self.n_chunks, cfg.admitted(up * 8e-6, seed=seed), seed),
@@ -342,7 +345,11 @@ class Simulation:
             return
         proc.pending.pop((peer, idx), None)
         proc.download.on_failed(
-            peer, idx, self.now, busy=outcome == "busy", declined=outcome == "ask_others",
+            peer,
+            idx,
+            self.now,
+            busy=outcome == "busy",
+            declined=outcome == "ask_others",
             stalled=outcome == "stalled",
         )
         self.schedule(proc)
@@ -542,11 +549,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--size-mib", type=float, default=64)
     parser.add_argument("--chunk-kib", type=int, default=256)
-    parser.add_argument("--upload-mbit", type=float, default=20,
-                        help="the seed's upload, and with equal links every node's")
-    parser.add_argument("--download-mbit", type=float, default=0, help="equal links: every node's download (0: uncapped)")
-    parser.add_argument("--mix", default="",
-                        help=f"heterogeneous node links SHARE:UP_MBIT:DOWN_MBIT,... (e.g. {DEFAULT_MIX})")
+    parser.add_argument(
+        "--upload-mbit", type=float, default=20, help="the seed's upload, and with equal links every node's"
+    )
+    parser.add_argument(
+        "--download-mbit", type=float, default=0, help="equal links: every node's download (0: uncapped)"
+    )
+    parser.add_argument(
+        "--mix", default="", help=f"heterogeneous node links SHARE:UP_MBIT:DOWN_MBIT,... (e.g. {DEFAULT_MIX})"
+    )
     parser.add_argument("--relay-only", type=float, default=0.0, help="share of nodes reachable only through a relay")
     parser.add_argument("--relay-mbit", type=float, default=2.0, help="upload of a relay-only node (its relay's share)")
     parser.add_argument("--relay-latency-ms", type=float, default=25.0, help="one-way latency a relay adds")
@@ -558,8 +569,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--upload-queue", type=int, default=defaults.upload_queue)
     parser.add_argument("--per-peer", type=int, default=defaults.scheduler.max_in_flight_per_peer)
     parser.add_argument("--in-flight", type=int, default=defaults.scheduler.max_in_flight)
-    parser.add_argument("--only", action="store_true",
-                        help="simulate these links once, instead of the three scenarios")
+    parser.add_argument("--only", action="store_true", help="simulate these links once, instead of the three scenarios")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.mix:

@@ -71,9 +71,18 @@ def run(mode: str, args: argparse.Namespace, root: Path, cpus: dict[str, set[int
         swarm.cpus = cpus
         swarm.start_bootstrap()
         learner = swarm.start_learner(
-            "--mode", mode, "--staleness", str(args.staleness), "--publish-every", str(args.publish_every),
-            "--steps", str(args.steps),
-            "--seed", str(args.seed), *cap, *verbose,
+            "--mode",
+            mode,
+            "--staleness",
+            str(args.staleness),
+            "--publish-every",
+            str(args.publish_every),
+            "--steps",
+            str(args.steps),
+            "--seed",
+            str(args.seed),
+            *cap,
+            *verbose,
         )
         for i in range(args.nodes):
             swarm.start_node(i, *cap, "--emulate-delay-ms", str(args.delay_ms), *verbose)
@@ -108,13 +117,18 @@ def stale_refused_fraction(metrics: list[dict]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=500,
-                        help="training steps per mode (500: async runs past a minute, so its forecasts are checked)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=500,
+        help="training steps per mode (500: async runs past a minute, so its forecasts are checked)",
+    )
     parser.add_argument("--timeout-s", type=float, default=1800, help="give up on a mode after this long (1800)")
     parser.add_argument("--nodes", type=int, default=3, help="volunteer nodes (3)")
     parser.add_argument("--staleness", type=int, default=2, help="async staleness bound S (2)")
-    parser.add_argument("--publish-every", type=int, default=PUBLISH_EVERY,
-                        help=f"async: publish every K steps ({PUBLISH_EVERY})")
+    parser.add_argument(
+        "--publish-every", type=int, default=PUBLISH_EVERY, help=f"async: publish every K steps ({PUBLISH_EVERY})"
+    )
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--only-async", action="store_true", help="skip the sync run (no comparison)")
     only.add_argument("--only-sync", action="store_true", help="skip the async run (no comparison)")

@@ -66,9 +66,17 @@ def grpo_versions(store, identity, args) -> dict:
     rng = random.Random(args.seed)
 
     def publisher(model, tok, lora=None, frozen=None):
-        return Publisher(identity, job_id="bench-delta", task=TASK, model_config=config_json(model),
-                         tokenizer_digest=tokenizer_digest(tok), chunk_size=args.chunk_kib * 1024,
-                         max_update_ratio=1.0, lora=lora, frozen_base=frozen)
+        return Publisher(
+            identity,
+            job_id="bench-delta",
+            task=TASK,
+            model_config=config_json(model),
+            tokenizer_digest=tokenizer_digest(tok),
+            chunk_size=args.chunk_kib * 1024,
+            max_update_ratio=1.0,
+            lora=lora,
+            frozen_base=frozen,
+        )
 
     def stage(m, chunks) -> None:
         store.add_manifest(m)
@@ -84,18 +92,23 @@ def grpo_versions(store, identity, args) -> dict:
             ids = render_prompt(tok, prompt.text, task.system_prompt)
             with torch.no_grad():
                 out = model.generate(
-                    input_ids=torch.tensor([ids]), do_sample=True, temperature=0.7, top_k=0, top_p=1.0,
-                    max_new_tokens=args.max_new_tokens, num_return_sequences=args.group,
-                    eos_token_id=stops, pad_token_id=tok.pad_token_id,
+                    input_ids=torch.tensor([ids]),
+                    do_sample=True,
+                    temperature=0.7,
+                    top_k=0,
+                    top_p=1.0,
+                    max_new_tokens=args.max_new_tokens,
+                    num_return_sequences=args.group,
+                    eos_token_id=stops,
+                    pad_token_id=tok.pad_token_id,
                 )
             completions = []
-            for row in out[:, len(ids):].tolist():
+            for row in out[:, len(ids) :].tolist():
                 cut = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
                 completions.append(tuple(row[:cut]))
             rewards = tuple(task.reward(prompt, tok.decode(c, skip_special_tokens=True)) for c in completions)
             with torch.no_grad():
-                lp, mask = completion_logprobs(model, [ids] * len(completions), completions,
-                                               tok.pad_token_id, 0.7)
+                lp, mask = completion_logprobs(model, [ids] * len(completions), completions, tok.pad_token_id, 0.7)
             behaviour = tuple(tuple(row[m.bool()].tolist()) for row, m in zip(lp, mask))
             if len(set(rewards)) > 1:  # a group all right or all wrong teaches nothing: the next prompt
                 groups.append(ScoredGroup(tuple(ids), tuple(completions), behaviour, rewards))
@@ -140,15 +153,33 @@ def release_memory() -> None:
 
 def broadcast(root: Path, bootstrap: str, seed_dir: Path, staged: Path, versions: list[int], args) -> dict[int, dict]:
     """Publish ``versions`` one at a time; per version the seconds until every node holds it."""
-    common = ["--bootstrap", bootstrap, "--job-id", "bench-delta", "--upload-mbit", str(args.upload_mbit),
-              "--chunk-kib", str(args.chunk_kib), "--keep", "2", "--request-timeout-s", "30"]
+    common = [
+        "--bootstrap",
+        bootstrap,
+        "--job-id",
+        "bench-delta",
+        "--upload-mbit",
+        str(args.upload_mbit),
+        "--chunk-kib",
+        str(args.chunk_kib),
+        "--keep",
+        "2",
+        "--request-timeout-s",
+        "30",
+    ]
     seed = Peer("seed", ["--role", "seed", "--data-dir", str(seed_dir), "--staged", str(staged), *common], root)
     peers = [seed]
     try:
         wait_until([seed], lambda: seed.last("ready") is not None, 60)
         learner_id = seed.last("ready")["peer"]
-        nodes = [Peer(f"node{i}", ["--role", "node", "--data-dir", str(root / f"node{i}"),
-                                   "--learner-id", learner_id, *common], root) for i in range(args.nodes)]
+        nodes = [
+            Peer(
+                f"node{i}",
+                ["--role", "node", "--data-dir", str(root / f"node{i}"), "--learner-id", learner_id, *common],
+                root,
+            )
+            for i in range(args.nodes)
+        ]
         peers += nodes
         want = min(args.nodes, 16)
         wait_until(peers, lambda: all((n.last("neighbours") or {}).get("n", 0) >= want for n in nodes), 120)
@@ -175,8 +206,12 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--upload-mbit", type=float, default=20)
     parser.add_argument("--versions", type=int, default=10, help="LoRA versions after the base")
-    parser.add_argument("--full-versions", type=int, default=2,
-                        help="full-weight delta versions (each takes minutes to broadcast at 20 Mbit/s)")
+    parser.add_argument(
+        "--full-versions",
+        type=int,
+        default=2,
+        help="full-weight delta versions (each takes minutes to broadcast at 20 Mbit/s)",
+    )
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--lora-lr", type=float, default=2e-4)
     parser.add_argument("--full-lr", type=float, default=3e-5)
@@ -218,8 +253,12 @@ def main() -> None:
         return statistics.mean(timed[v][key] for v in vs)
 
     result = {
-        "model": "SmolLM2-135M-Instruct", "nodes": args.nodes, "upload_mbit": args.upload_mbit,
-        "rank": args.rank, "versions": len(lora_vs), "full_bytes": full,
+        "model": "SmolLM2-135M-Instruct",
+        "nodes": args.nodes,
+        "upload_mbit": args.upload_mbit,
+        "rank": args.rank,
+        "versions": len(lora_vs),
+        "full_bytes": full,
         "update_bytes_mean": round(statistics.mean(sizes[v] for v in lora_vs)),
         "update_over_full": round(statistics.mean(sizes[v] for v in lora_vs) / full, 4),
         "nodes_exact": min(timed[v]["exact"] for v in timed),
@@ -234,8 +273,10 @@ def main() -> None:
             "update_broadcast_s": round(mean(delta_vs, "s"), 2) if delta_vs else None,
             "update_over_full_broadcast": round(mean(delta_vs, "s") / timed[0]["s"], 4) if delta_vs else None,
         },
-        "per_version": {v: {"format": formats[v], "bytes": sizes[v], "s": round(timed[v]["s"], 2),
-                            "exact": timed[v]["exact"]} for v in sorted(timed)},
+        "per_version": {
+            v: {"format": formats[v], "bytes": sizes[v], "s": round(timed[v]["s"], 2), "exact": timed[v]["exact"]}
+            for v in sorted(timed)
+        },
         "reward": rewards,
         "train_s": round(train_s, 1),
     }

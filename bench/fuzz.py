@@ -50,7 +50,11 @@ SAMPLES = all_messages()
 EXPECTED = (ProtocolError, InvalidRecord, invite.BadInvite, Refused)
 
 MSGPACK_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=20)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=20)
     | st.binary(max_size=64),
     lambda children: st.lists(children, max_size=6) | st.dictionaries(st.text(max_size=12), children, max_size=6),
     max_leaves=20,
@@ -144,13 +148,22 @@ def small_safetensors() -> bytes:
     return save({"embed": np.zeros((4, 8), np.float32), "norm": np.ones(8, np.float16)})
 
 
-CONFIG = json.dumps({"vocab_size": 4, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
-                     "num_attention_heads": 2, "tie_word_embeddings": True})
+CONFIG = json.dumps(
+    {
+        "vocab_size": 4,
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "tie_word_embeddings": True,
+    }
+)
 
 
 def valid_invite() -> str:
-    return invite.make(LEARNER, "reverse-fuzz", ["/ip4/127.0.0.1/tcp/4001/p2p/" + LEARNER.peer_id_str],
-                       ["/ip4/127.0.0.1/tcp/4002"])
+    return invite.make(
+        LEARNER, "reverse-fuzz", ["/ip4/127.0.0.1/tcp/4001/p2p/" + LEARNER.peer_id_str], ["/ip4/127.0.0.1/tcp/4002"]
+    )
 
 
 def manifest_value() -> bytes:
@@ -162,34 +175,45 @@ TARGETS: dict[str, tuple[Callable, st.SearchStrategy, float]] = {
     "codec_random_bytes": (codec_random_bytes, st.binary(max_size=4096), 0.15),
     "codec_mutated": (codec_mutated, st.tuples(st.sampled_from(SAMPLES), FLIPS), 0.2),
     "codec_msgpack_bodies": (
-        codec_msgpack_bodies, st.tuples(st.sampled_from(sorted(k.__name__ for k in EVERY_KIND)), MSGPACK_VALUES), 0.1,
+        codec_msgpack_bodies,
+        st.tuples(st.sampled_from(sorted(k.__name__ for k in EVERY_KIND)), MSGPACK_VALUES),
+        0.1,
     ),
     "framing_stream": (framing_stream, st.binary(max_size=4096), 0.15),
     "dht_record": (
-        dht_record, st.tuples(st.just(manifest_value()) | st.binary(max_size=2048), st.lists(
-            st.tuples(st.integers(min_value=0), st.integers(0, 255)), max_size=8)), 0.1,
+        dht_record,
+        st.tuples(
+            st.just(manifest_value()) | st.binary(max_size=2048),
+            st.lists(st.tuples(st.integers(min_value=0), st.integers(0, 255)), max_size=8),
+        ),
+        0.1,
     ),
     "invite": (
         invite_text,
-        st.text(max_size=600) | st.builds(lambda f: valid_invite()[: f % 700] + "A" * (f % 3), st.integers(0, 10**6))
+        st.text(max_size=600)
+        | st.builds(lambda f: valid_invite()[: f % 700] + "A" * (f % 3), st.integers(0, 10**6))
         | st.builds(lambda t: "echo1:" + t, st.text(max_size=600)),
         0.1,
     ),
     "bitfield": (bitfield_bytes, st.tuples(st.binary(max_size=64), st.integers(1, 512)), 0.1),
     "http_request": (
         http_request,
-        st.binary(max_size=2048) | st.builds(
+        st.binary(max_size=2048)
+        | st.builds(
             lambda path, head: f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}\r\n\r\n".encode("utf-8", "replace"),
-            st.text(max_size=100), st.text(max_size=300),
+            st.text(max_size=100),
+            st.text(max_size=300),
         ),
         0.05,
     ),
     "version_files": (
         version_files,
         st.tuples(
-            st.just(small_safetensors()) | st.builds(mutate, st.just(small_safetensors()), FLIPS)
+            st.just(small_safetensors())
+            | st.builds(mutate, st.just(small_safetensors()), FLIPS)
             | st.binary(max_size=512),
-            st.just(CONFIG) | st.builds(lambda flips: mutate(CONFIG.encode(), flips).decode("utf-8", "replace"), FLIPS)
+            st.just(CONFIG)
+            | st.builds(lambda flips: mutate(CONFIG.encode(), flips).decode("utf-8", "replace"), FLIPS)
             | st.text(max_size=200),
         ),
         0.05,
@@ -201,8 +225,13 @@ def run_target(name: str, cases: int) -> dict:
     fn, inputs, _ = TARGETS[name]
     seen = {"cases": 0, "refused": 0, "crashes": 0, "examples": [], "peak_alloc_mib": 0.0}
 
-    @settings(max_examples=cases, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=cases,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(inputs)
     def body(x) -> None:  # type: ignore[no-untyped-def]
         seen["cases"] += 1

@@ -45,15 +45,28 @@ def run(sized: bool, args: argparse.Namespace, root: Path) -> dict:
     with local_swarm(root) as swarm:
         swarm.start_bootstrap()
         learner = swarm.start_learner(
-            "--mode", args.mode, "--steps", "1000000", "--seed", str(args.seed),
-            "--group-size", str(args.group_size), "--prompts-per-step", str(args.prompts_per_step),
-            "--prompts-per-request", str(args.prompts_per_request),
-            "--assignment-timeout-s", str(args.deadline_s), "--capacity-window-s", str(args.budget_s),
+            "--mode",
+            args.mode,
+            "--steps",
+            "1000000",
+            "--seed",
+            str(args.seed),
+            "--group-size",
+            str(args.group_size),
+            "--prompts-per-step",
+            str(args.prompts_per_step),
+            "--prompts-per-request",
+            str(args.prompts_per_request),
+            "--assignment-timeout-s",
+            str(args.deadline_s),
+            "--capacity-window-s",
+            str(args.budget_s),
             "--size-work" if sized else "--no-size-work",
         )
         for i, speed in enumerate(args.speeds):
-            swarm.start_node(i, "--backend", "torch", "--emulate-tokens-per-s", str(speed),
-                             "--name", f"node{i} {speed:g} tok/s")
+            swarm.start_node(
+                i, "--backend", "torch", "--emulate-tokens-per-s", str(speed), "--name", f"node{i} {speed:g} tok/s"
+            )
         started = None
         deadline = time.monotonic() + args.budget_s + 180  # start-up allowance
         while True:
@@ -91,16 +104,24 @@ def run(sized: bool, args: argparse.Namespace, root: Path) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--speeds", type=lambda s: [float(x) for x in s.split(",")], default=[2000.0, 500.0, 100.0, 100.0],
-                        help="each node's speed cap in tokens/s (default: 2000,500,100,100)")
+    parser.add_argument(
+        "--speeds",
+        type=lambda s: [float(x) for x in s.split(",")],
+        default=[2000.0, 500.0, 100.0, 100.0],
+        help="each node's speed cap in tokens/s (default: 2000,500,100,100)",
+    )
     parser.add_argument("--budget-s", type=float, default=90, help="seconds of training per run (default: 90)")
     parser.add_argument("--deadline-s", type=float, default=8, help="assignment deadline (default: 8)")
     parser.add_argument("--group-size", type=int, default=16, help="completions per prompt (default: 16)")
     parser.add_argument("--prompts-per-step", type=int, default=64, help="groups per step (default: 64)")
     parser.add_argument("--prompts-per-request", type=int, default=16, help="most prompts per assignment (default: 16)")
-    parser.add_argument("--mode", choices=("sync", "async"), default="sync",
-                        help="learner mode (default: sync: a step waits for its prompts, so a node holding "
-                        "more than it can finish stalls the learner)")
+    parser.add_argument(
+        "--mode",
+        choices=("sync", "async"),
+        default="sync",
+        help="learner mode (default: sync: a step waits for its prompts, so a node holding "
+        "more than it can finish stalls the learner)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dir", type=Path, default=None, help="keep logs here (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -106,10 +106,29 @@ def node_tokens_per_s(model: str, backend: str, dtype: str, per: int, args, root
         swarm.start_bootstrap()
         extra = ["--model", model] if model else []
         learner = swarm.start_learner(
-            *extra, "--device", "cpu", "--mode", "async", "--lr", "0", "--steps", "1000000", "--publish-every", "1000",
-            "--prompts-per-step", "256", "--buffer-steps", "64", "--staleness", "64",
-            "--group-size", str(args.group_size), "--max-new-tokens", str(args.max_new_tokens),
-            "--prompts-per-request", str(per),
+            *extra,
+            "--device",
+            "cpu",
+            "--mode",
+            "async",
+            "--lr",
+            "0",
+            "--steps",
+            "1000000",
+            "--publish-every",
+            "1000",
+            "--prompts-per-step",
+            "256",
+            "--buffer-steps",
+            "64",
+            "--staleness",
+            "64",
+            "--group-size",
+            str(args.group_size),
+            "--max-new-tokens",
+            str(args.max_new_tokens),
+            "--prompts-per-request",
+            str(per),
         )
         api = root / "learner" / "api.json"
         deadline = time.monotonic() + 600
@@ -119,8 +138,9 @@ def node_tokens_per_s(model: str, backend: str, dtype: str, per: int, args, root
             if time.monotonic() > deadline:
                 raise SwarmError("learner did not start")
             time.sleep(0.5)  # polling a file another process writes
-        node = swarm.start_node(0, "--backend", backend, "--dtype", dtype, "--device", args.device,
-                                "--max-prompts", str(per))
+        node = swarm.start_node(
+            0, "--backend", backend, "--dtype", dtype, "--device", args.device, "--max-prompts", str(per)
+        )
         ledger = root / "learner" / "ledger.sqlite"
 
         def accepted() -> list[tuple[int, int, bytes]]:
@@ -153,9 +173,11 @@ def node_tokens_per_s(model: str, backend: str, dtype: str, per: int, args, root
         # Each batch reports how long its generation took in the node: where
         # the node's own work slows the backend, and where the node waited.
         generate_s = sum(codec.decode(blob, RolloutBatch).generate_ms for _, _, blob in window[1:]) / 1000
-        refused = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True).execute(
-            "SELECT COUNT(*) FROM verdicts WHERE verdict = 'refused'"
-        ).fetchone()[0]
+        refused = (
+            sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
+            .execute("SELECT COUNT(*) FROM verdicts WHERE verdict = 'refused'")
+            .fetchone()[0]
+        )
         rollouts = sum(len(g.completions) for _, _, blob in window for g in codec.decode(blob, RolloutBatch).groups)
         return {
             "tokens_per_s": round(tokens / span_s, 1),
@@ -238,22 +260,28 @@ def pairs(text: str) -> list[tuple[str, str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="default,smollm2",
-                        help="comma list of default, smollm2 (skipped when not installed)")
-    parser.add_argument("--backends", default="torch-f32,llama-f32,llama-f16,llama-q8_0",
-                        help="bare backends to time")
-    parser.add_argument("--node-backends", default="llama-f32,torch-f32",
-                        help="backends to run through a whole node")
-    parser.add_argument("--sizes", default="4,16",
-                        help="prompts per request to measure on the built-in model (4: the learner's default)")
+    parser.add_argument(
+        "--models", default="default,smollm2", help="comma list of default, smollm2 (skipped when not installed)"
+    )
+    parser.add_argument("--backends", default="torch-f32,llama-f32,llama-f16,llama-q8_0", help="bare backends to time")
+    parser.add_argument("--node-backends", default="llama-f32,torch-f32", help="backends to run through a whole node")
+    parser.add_argument(
+        "--sizes",
+        default="4,16",
+        help="prompts per request to measure on the built-in model (4: the learner's default)",
+    )
     parser.add_argument("--smollm2-sizes", default="4", help="prompts per request on SmolLM2")
     parser.add_argument("--group-size", type=int, default=16, help="as the learner's default (16)")
     parser.add_argument("--max-new-tokens", type=int, default=4, help="as the learner's default (4)")
     parser.add_argument("--bare-s", type=float, default=10, help="seconds per bare backend (10)")
     parser.add_argument("--warmup-s", type=float, default=5, help="node seconds not counted (5)")
     parser.add_argument("--window-s", type=float, default=30, help="node seconds counted (30)")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps", "vulkan"),
-                        help="where the backends and the node generate (default: cpu)")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda", "mps", "vulkan"),
+        help="where the backends and the node generate (default: cpu)",
+    )
     parser.add_argument("--dir", type=Path, default=None, help="keep logs here (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()

@@ -47,9 +47,23 @@ def mean(xs: list[float]) -> float:
 def evaluate(data_dir: Path, args: argparse.Namespace, *, base: bool) -> dict:
     """`echo-learner eval` as an operator would run it."""
     cmd = [
-        sys.executable, "-m", "echo_learner", "eval", "--data-dir", str(data_dir), "-n", str(args.heldout_n),
-        "-k", "0", "--json", "--model", "smollm2", "--task", args.task,
-        "--max-new-tokens", str(args.max_new_tokens),
+        sys.executable,
+        "-m",
+        "echo_learner",
+        "eval",
+        "--data-dir",
+        str(data_dir),
+        "-n",
+        str(args.heldout_n),
+        "-k",
+        "0",
+        "--json",
+        "--model",
+        "smollm2",
+        "--task",
+        args.task,
+        "--max-new-tokens",
+        str(args.max_new_tokens),
     ]
     if base:
         cmd.append("--base")
@@ -67,12 +81,34 @@ def train(root: Path, args: argparse.Namespace) -> tuple[list[dict], list[dict]]
     with local_swarm(root) as swarm:
         swarm.start_bootstrap()
         learner = swarm.start_learner(
-            "--model", "smollm2", "--task", args.task, "--steps", "100000", "--seed", str(args.seed),
-            "--lr", str(args.lr), "--temperature", str(args.temperature), "--group-size", str(args.group_size),
-            "--prompts-per-step", str(args.prompts_per_step), "--prompts-per-request", "1",
-            "--max-new-tokens", str(args.max_new_tokens), "--torch-threads", str(os.cpu_count() or 1),
-            "--eval-every", str(args.eval_every), "--eval-prompts", str(args.eval_prompts),
-            "--checkpoint-every", "1000",
+            "--model",
+            "smollm2",
+            "--task",
+            args.task,
+            "--steps",
+            "100000",
+            "--seed",
+            str(args.seed),
+            "--lr",
+            str(args.lr),
+            "--temperature",
+            str(args.temperature),
+            "--group-size",
+            str(args.group_size),
+            "--prompts-per-step",
+            str(args.prompts_per_step),
+            "--prompts-per-request",
+            "1",
+            "--max-new-tokens",
+            str(args.max_new_tokens),
+            "--torch-threads",
+            str(os.cpu_count() or 1),
+            "--eval-every",
+            str(args.eval_every),
+            "--eval-prompts",
+            str(args.eval_prompts),
+            "--checkpoint-every",
+            "1000",
         )
         swarm.start_node(0, "--backend", "llama")
         swarm.start_node(1, "--backend", "torch")
@@ -85,8 +121,12 @@ def train(root: Path, args: argparse.Namespace) -> tuple[list[dict], list[dict]]
             if metrics and metrics[-1]["step"] != shown and not args.json:
                 m = metrics[-1]
                 shown = m["step"]
-                print(f"step {shown:4d}  reward {m['reward_mean']:.3f}  rollouts {m['rollouts_accepted']}  "
-                      f"{m['elapsed_s']:.0f}s", file=sys.stderr, flush=True)
+                print(
+                    f"step {shown:4d}  reward {m['reward_mean']:.3f}  rollouts {m['rollouts_accepted']}  "
+                    f"{m['elapsed_s']:.0f}s",
+                    file=sys.stderr,
+                    flush=True,
+                )
             time.sleep(1)  # polling a log file for display only
         # Ctrl-C: the learner writes a checkpoint of every step it trained.
         if swarm.stop("learner", grace_s=300) != 0:

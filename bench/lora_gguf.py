@@ -116,12 +116,20 @@ def main() -> None:
     versions = [adapter_file(random_adapter(pmodel, seed)) for seed in range(1 + args.versions)]
     ids = tok(PROMPT, add_special_tokens=False)["input_ids"]
     out: dict = {
-        "model": "SmolLM2-135M-Instruct", "rank": RANK, "alpha": ALPHA, "targets": TARGETS,
-        "threads": threads, "torch_threads": torch.get_num_threads(), "prompt_tokens": len(ids),
+        "model": "SmolLM2-135M-Instruct",
+        "rank": RANK,
+        "alpha": ALPHA,
+        "targets": TARGETS,
+        "threads": threads,
+        "torch_threads": torch.get_num_threads(),
+        "prompt_tokens": len(ids),
         "versions_timed": args.versions,
         "adapter_parameters": sum(v.size for v in load(versions[0]).values()),
         "merged_safetensors_bytes": len(base_bytes),
-        "per_version_s": {}, "base_export_load_s": {}, "switch_max_abs_dlogprob": {}, "decode_tok_s": {},
+        "per_version_s": {},
+        "base_export_load_s": {},
+        "switch_max_abs_dlogprob": {},
+        "decode_tok_s": {},
     }
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -181,8 +189,14 @@ def correctness(cfg: str, base: bytes, adapter: bytes, pmodel, ids: list[int], w
 
     def run(**kw) -> np.ndarray:
         llm = llama_cpp.Llama(
-            n_ctx=64, n_threads=threads, logits_all=True, type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32,
-            flash_attn=False, verbose=False, **kw,
+            n_ctx=64,
+            n_threads=threads,
+            logits_all=True,
+            type_k=GGML_TYPE_F32,
+            type_v=GGML_TYPE_F32,
+            flash_attn=False,
+            verbose=False,
+            **kw,
         )
         llm.eval(ids)
         lp = log_softmax(np.array(llm.scores[: len(ids)]))

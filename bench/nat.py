@@ -49,18 +49,35 @@ def build_machines(net: Topology, run: str, kinds: list[str], first_ip: int, mbi
     return names
 
 
-def run_once(net: Topology, bootstrap: str, root: Path, args: argparse.Namespace,
-             run: str, kinds: list[str], first_ip: int) -> dict:
+def run_once(
+    net: Topology, bootstrap: str, root: Path, args: argparse.Namespace, run: str, kinds: list[str], first_ip: int
+) -> dict:
     names = build_machines(net, run, kinds, first_ip, args.upload_mbit)
     seed_machine = f"{run}seed"
     net.public(seed_machine, f"10.77.0.{first_ip - 1}")
     net.cap_upload(seed_machine, args.upload_mbit)
 
     def peer(name: str, machine: str, *extra: str) -> Peer:
-        return Peer(name, ["--bootstrap", bootstrap, "--job-id", f"nat-{run}", "--listen", LISTEN,
-                           "--data-dir", str(root / name), "--size-mib", str(args.size_mib),
-                           "--chunk-kib", str(args.chunk_kib), *extra],
-                    root, machine=net.prefix_argv(machine))
+        return Peer(
+            name,
+            [
+                "--bootstrap",
+                bootstrap,
+                "--job-id",
+                f"nat-{run}",
+                "--listen",
+                LISTEN,
+                "--data-dir",
+                str(root / name),
+                "--size-mib",
+                str(args.size_mib),
+                "--chunk-kib",
+                str(args.chunk_kib),
+                *extra,
+            ],
+            root,
+            machine=net.prefix_argv(machine),
+        )
 
     seed = peer(f"{run}-seed", seed_machine, "--role", "seed")
     peers = [seed]
@@ -68,19 +85,26 @@ def run_once(net: Topology, bootstrap: str, root: Path, args: argparse.Namespace
         wait_until(peers, lambda: seed.last("ready"), 60)
         seed_id = seed.last("ready")["peer"]
         nodes = [
-            peer(f"{run}-node{i}", name, "--role", "node", "--learner-id", seed_id,
-                 *(["--behind-nat"] if kind != "public" else []))
+            peer(
+                f"{run}-node{i}",
+                name,
+                "--role",
+                "node",
+                "--learner-id",
+                seed_id,
+                *(["--behind-nat"] if kind != "public" else []),
+            )
             for i, (name, kind) in enumerate(zip(names, kinds))
         ]
         peers += nodes
         # Connected: every node has a have-stream with the seed and every other
         # node (through relays and hole punches in the NATed run).
         want = len(nodes)
-        wait_until(peers, lambda: all((n.last("neighbours") or {}).get("n", 0) >= want for n in nodes),
-                   args.connect_timeout_s)
+        wait_until(
+            peers, lambda: all((n.last("neighbours") or {}).get("n", 0) >= want for n in nodes), args.connect_timeout_s
+        )
         seed.send("publish")
-        wait_until(peers, lambda: all(n.last("complete") for n in nodes) and seed.last("published"),
-                   args.timeout_s)
+        wait_until(peers, lambda: all(n.last("complete") for n in nodes) and seed.last("published"), args.timeout_s)
     finally:
         for p in peers:
             p.stop()
@@ -132,8 +156,9 @@ def main() -> None:
         parser.error("need 0 <= --strict <= --natted <= --nodes")
 
     public_kinds = ["public"] * args.nodes
-    natted_kinds = (["public"] * (args.nodes - args.natted) + ["home"] * (args.natted - args.strict)
-                    + ["strict"] * args.strict)
+    natted_kinds = (
+        ["public"] * (args.nodes - args.natted) + ["home"] * (args.natted - args.strict) + ["strict"] * args.strict
+    )
     root = Path(tempfile.mkdtemp(prefix="echo-bench-nat-"))
     try:
         with Topology("es-bn") as net, local_swarm(root / "swarm") as swarm:

@@ -72,30 +72,48 @@ def prompts_for(rng: random.Random) -> list[tuple[int, ...]]:
 
 
 def as_batch(
-    backend: str, dtype: str, groups: list[list[tuple[tuple[int, ...], tuple[float, ...]]]], device: str = "cpu",
+    backend: str,
+    dtype: str,
+    groups: list[list[tuple[tuple[int, ...], tuple[float, ...]]]],
+    device: str = "cpu",
 ) -> RolloutBatch:
     return RolloutBatch(
-        "bench", 0, "node", b"n" * 16, backend, dtype, device, 1,
+        "bench",
+        0,
+        "node",
+        b"n" * 16,
+        backend,
+        dtype,
+        device,
+        1,
         tuple(RolloutGroup(i, tuple(Completion(t, lp) for t, lp in g)) for i, g in enumerate(groups)),
         UNSIGNED,
     )
 
 
 def honest(
-    name: str, dtype: str, device: str, rollouts: int, max_new: int, rng: random.Random, work_dir: Path,
+    name: str,
+    dtype: str,
+    device: str,
+    rollouts: int,
+    max_new: int,
+    rng: random.Random,
+    work_dir: Path,
 ) -> dict:
     backend = backend_for(name, dtype, device, work_dir)
     allowed = tolerance(name, dtype, backend.device.kind)
     done, false_rejects, worst, worst_mean, most_z, reasons = 0, 0, 0.0, 0.0, 0.0, {}
     models = versions()
     for k, model in enumerate(models):
-        backend.load(config_json(model), Trainer(model, lr=0.0, objective=Objective(0.2, 3.0, 0.0),
-                                                 pad_id=PAD).weights())
+        backend.load(
+            config_json(model), Trainer(model, lr=0.0, objective=Objective(0.2, 3.0, 0.0), pad_id=PAD).weights()
+        )
         while done < rollouts * (k + 1) / len(models):
             prompts = prompts_for(rng)
             groups = backend.generate(prompts, GROUP, max_new, 1.0, (EOS,))
-            batch = as_batch(name, dtype, [[(s.tokens, tuple(s.logprobs)) for s in g] for g in groups],
-                             backend.device.kind)
+            batch = as_batch(
+                name, dtype, [[(s.tokens, tuple(s.logprobs)) for s in g] for g in groups], backend.device.kind
+            )
             error = logprob_error(model, prompts, batch, PAD)
             worst_mean = max(worst_mean, error.mean)
             reason = check_logprobs(error, allowed)
@@ -105,11 +123,16 @@ def honest(
             worst, most_z = max(worst, error.worst), max(most_z, abs(error.surprise_z))
             done += sum(len(g) for g in groups)
     return {
-        "rollouts": done, "false_rejects": false_rejects, **({"reasons": reasons} if reasons else {}),
+        "rollouts": done,
+        "false_rejects": false_rejects,
+        **({"reasons": reasons} if reasons else {}),
         "device": backend.device.kind,
-        "worst_logprob_diff": round(worst, 6), "tolerance_worst": allowed.worst,
-        "worst_batch_mean": round(worst_mean, 6), "tolerance_mean": allowed.mean,
-        "max_abs_z": round(most_z, 2), "z_limit": allowed.z,
+        "worst_logprob_diff": round(worst, 6),
+        "tolerance_worst": allowed.worst,
+        "worst_batch_mean": round(worst_mean, 6),
+        "tolerance_mean": allowed.mean,
+        "max_abs_z": round(most_z, 2),
+        "z_limit": allowed.z,
     }
 
 
@@ -124,21 +147,26 @@ def forgers(batches: int, max_new: int, rng: random.Random) -> dict:
     caught = {"chosen": 0, "other_model": 0, "greedy": 0}
     for _ in range(batches):
         prompts = prompts_for(rng)
-        sampler.load(config_json(other), Trainer(other, lr=0.0, objective=Objective(0.2, 3.0, 0.0),
-                                                 pad_id=PAD).weights())
+        sampler.load(
+            config_json(other), Trainer(other, lr=0.0, objective=Objective(0.2, 3.0, 0.0), pad_id=PAD).weights()
+        )
         swapped = [[s.tokens for s in g] for g in sampler.generate(prompts, GROUP, max_new, 1.0, (EOS,))]
         shape = [[len(t) for t in g] for g in swapped]
         chosen = [[tuple(rng.randrange(0, PAD) for _ in range(n)) for n in g] for g in shape]
         greedy = []
         for p, g in zip(prompts, shape):
             with torch.no_grad():
-                out = policy.generate(torch.tensor([p]), max_new_tokens=max(g), do_sample=False,
-                                      pad_token_id=PAD)[0, len(p):]
+                out = policy.generate(torch.tensor([p]), max_new_tokens=max(g), do_sample=False, pad_token_id=PAD)[
+                    0, len(p) :
+                ]
             greedy.append([tuple(out[:n].tolist()) for n in g])
         for name, tokens in (("chosen", chosen), ("other_model", swapped), ("greedy", greedy)):
             lps = grouped_logprobs(policy, prompts, tokens, PAD)
-            batch = as_batch("llama", "q8_0", [[(t, tuple(float(x) for x in lp)) for t, lp in zip(g, gl)]
-                                      for g, gl in zip(tokens, lps)])
+            batch = as_batch(
+                "llama",
+                "q8_0",
+                [[(t, tuple(float(x) for x in lp)) for t, lp in zip(g, gl)] for g, gl in zip(tokens, lps)],
+            )
             if check_logprobs(logprob_error(policy, prompts, batch, PAD), tolerance("llama", "q8_0")) is not None:
                 caught[name] += 1
     return {name: round(n / batches, 3) for name, n in caught.items()}
@@ -149,8 +177,12 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=10_000, help="honest rollouts per backend/dtype")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--forger-batches", type=int, default=50)
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps", "vulkan"),
-                        help="where the honest rollouts are made (the learner's recompute stays on the CPU)")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda", "mps", "vulkan"),
+        help="where the honest rollouts are made (the learner's recompute stays on the CPU)",
+    )
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     args = parser.parse_args()
     rng = random.Random(0)

@@ -21,7 +21,9 @@ class Peer:
         self.log = open(log_dir / f"{name}.log", "w")
         self.proc = subprocess.Popen(
             [*machine, sys.executable, str(PEER), *args],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
             start_new_session=True,
         )
         self.events: list[dict] = []

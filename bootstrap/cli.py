@@ -71,7 +71,12 @@ def main(argv: list[str] | None = None) -> None:
             reservation_ttl_s=config.relay_reservation_s,
         )
         async with open_swarm(
-            identity, config.listen, server=True, answer_probes=True, relay_hop=True, relay_limits=limits,
+            identity,
+            config.listen,
+            server=True,
+            answer_probes=True,
+            relay_hop=True,
+            relay_limits=limits,
             connections=config,
         ) as swarm:
             await connect_bootstrap(swarm, config.bootstrap, config.bootstrap_timeout_s)

@@ -113,9 +113,18 @@ def routes(learner: Learner) -> dict[str, Callable[[dict[str, list[str]]], Any]]
         out = []
         for i, raw in rows:
             r = codec.decode(raw, Receipt)
-            out.append({"id": i, "version": r.version, "verdict": r.verdict, "reason": r.reason,
-                        "tokens": r.tokens, "credit": r.credit, "created_ms": r.created_ms,
-                        "receipt": raw.hex()})
+            out.append(
+                {
+                    "id": i,
+                    "version": r.version,
+                    "verdict": r.verdict,
+                    "reason": r.reason,
+                    "tokens": r.tokens,
+                    "credit": r.credit,
+                    "created_ms": r.created_ms,
+                    "receipt": raw.hex(),
+                }
+            )
         return {"peer": peer, "receipts": out}
 
     files = resources.files("echo_learner") / "static"
@@ -126,20 +135,16 @@ def routes(learner: Learner) -> dict[str, Callable[[dict[str, list[str]]], Any]]
         "/api/status": lambda q: learner.status(),
         "/api/peers": lambda q: {"peers": learner.peers.to_json()},
         "/api/history": lambda q: {
-            "steps": list(learner.history)[-_limit(q, 1000):],
-            "heldout": list(learner.heldout.results)[-_limit(q, 1000):],
+            "steps": list(learner.history)[-_limit(q, 1000) :],
+            "heldout": list(learner.heldout.results)[-_limit(q, 1000) :],
         },
-        "/api/ledger": lambda q: {
-            "contributors": [asdict(s) for s in learner.ledger.leaderboard(_limit(q, 100))]
-        },
+        "/api/ledger": lambda q: {"contributors": [asdict(s) for s in learner.ledger.leaderboard(_limit(q, 100))]},
         "/api/refusals": lambda q: {"refusals": learner.ledger.refusals(_limit(q, 50))},
         "/api/receipts": receipts,
     }
 
 
-def respond(
-    table: dict[str, Callable[[dict[str, list[str]]], Any]], method: str, target: str
-) -> tuple[int, Body]:
+def respond(table: dict[str, Callable[[dict[str, list[str]]], Any]], method: str, target: str) -> tuple[int, Body]:
     """(status code, body) for one request: JSON unless the route says otherwise."""
     url = urlsplit(target)
     try:
@@ -253,8 +258,7 @@ async def _handle(stream: trio.SocketStream, server: Server) -> None:
     except h11.LocalProtocolError:
         # A timed-out request that never got its head out: answer by hand.
         await stream.send_all(
-            f"HTTP/1.1 {status} \r\ncontent-length: {len(body.data)}\r\nconnection: close\r\n\r\n".encode()
-            + body.data
+            f"HTTP/1.1 {status} \r\ncontent-length: {len(body.data)}\r\nconnection: close\r\n\r\n".encode() + body.data
         )
     if status >= 400:
         await _linger(stream)

@@ -85,8 +85,7 @@ class BootstrapProbe:
             else:
                 peer.error = f"{type(exc).__name__}: {exc}"[:200]
             if was is not False:
-                event(log, logging.WARNING, "bootstrap peer does not answer",
-                      addr=peer.addr, error=peer.error)
+                event(log, logging.WARNING, "bootstrap peer does not answer", addr=peer.addr, error=peer.error)
             # A connection that cannot carry a ping is dead weight, and while
             # it is held py-libp2p would not dial a restarted peer afresh.
             with trio.move_on_after(self.timeout_s):

@@ -52,7 +52,9 @@ def build_parser() -> Parser:
     def reader(name: str, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=help_text)
         sub.add_argument(
-            "--data-dir", type=Path, default=default_data_dir(),
+            "--data-dir",
+            type=Path,
+            default=default_data_dir(),
             help=f"the learner's data dir (default: {default_data_dir()})",
         )
         sub.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -68,11 +70,17 @@ def build_parser() -> Parser:
     )
     invite.add_argument("--data-dir", type=Path, default=default_data_dir(), help="the learner's data dir")
     invite.add_argument(
-        "--addr", action="append", default=[], metavar="MULTIADDR",
+        "--addr",
+        action="append",
+        default=[],
+        metavar="MULTIADDR",
         help="an address at which nodes can reach the learner (e.g. a forwarded port); repeatable",
     )
     invite.add_argument(
-        "--bootstrap", action="append", default=[], metavar="MULTIADDR",
+        "--bootstrap",
+        action="append",
+        default=[],
+        metavar="MULTIADDR",
         help="a bootstrap peer to add to those the learner runs with; repeatable",
     )
     invite.set_defaults(url=None)  # the running learner's API is found through --data-dir
@@ -93,8 +101,9 @@ def build_parser() -> Parser:
         "GGUF file keeps that file's tokenizer and chat template.",
     )
     export.add_argument("out", type=Path, help="directory to write (must not exist or be empty)")
-    export.add_argument("--gguf-dtype", choices=("f32", "f16", "q8_0"), default="f16",
-                        help="weights of the GGUF file (default: f16)")
+    export.add_argument(
+        "--gguf-dtype", choices=("f32", "f16", "q8_0"), default="f16", help="weights of the GGUF file (default: f16)"
+    )
     export.add_argument("--data-dir", type=Path, default=default_data_dir(), help="the learner's data dir")
     tasks = commands.add_parser(
         "tasks",
@@ -124,8 +133,12 @@ def build_parser() -> Parser:
     evaluate.add_argument("--system-prompt", default="", help="system prompt (default: the run's)")
     evaluate.add_argument("--batch", type=int, default=16, help="sequences generated at once (default: 16)")
     evaluate.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
-    evaluate.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "mps"),
-                          help="where to generate: auto (a CUDA GPU if torch sees one, else the CPU), cpu, cuda, mps")
+    evaluate.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda", "mps"),
+        help="where to generate: auto (a CUDA GPU if torch sees one, else the CPU), cpu, cuda, mps",
+    )
     evaluate.add_argument(
         "--temperature", type=float, default=0.0, help="temperature of the pass@1 samples (default: the run's)"
     )
@@ -252,8 +265,10 @@ def invite(args: argparse.Namespace) -> None:
         addrs += public or running
     bootstrap = list(dict.fromkeys([*config.bootstrap, *args.bootstrap]))
     if not bootstrap and not addrs:
-        fail(PROG, "the invite would hold no address: start the learner (`echo-learner run`) "
-             "or pass --addr / --bootstrap")
+        fail(
+            PROG,
+            "the invite would hold no address: start the learner (`echo-learner run`) or pass --addr / --bootstrap",
+        )
     print(invites.make(identity, config.job_for(identity.peer_id_str), bootstrap, addrs[:8]))
 
 
@@ -306,7 +321,9 @@ def show(args: argparse.Namespace) -> None:
         held = data["heldout"]
         if held:
             lo, hi = held["ci95"]
-            reward += f"; held-out accuracy {held['accuracy']:.3f} (95% CI {lo:.3f}-{hi:.3f}) at version {held['version']}"
+            reward += (
+                f"; held-out accuracy {held['accuracy']:.3f} (95% CI {lo:.3f}-{hi:.3f}) at version {held['version']}"
+            )
         print(
             f"job        {data['job_id']} ({data['task']}, {data['model']}, "
             f"{data['parameters']:,} parameters)\n"
@@ -334,9 +351,11 @@ def show(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(peers, indent=2))
         return
-    print(f"{'peer':<14} {'backend':<7} {'dtype':<5} {'device':<6} {'free GiB':>8} {'tokens/s':>8} "
-          f"{'reachable':<10} {'connection':<10} "
-          f"{'version':>7} {'rollouts/s':>10} {'accepted':>8} {'refused':>7} {'seen':>6}  last verdict")
+    print(
+        f"{'peer':<14} {'backend':<7} {'dtype':<5} {'device':<6} {'free GiB':>8} {'tokens/s':>8} "
+        f"{'reachable':<10} {'connection':<10} "
+        f"{'version':>7} {'rollouts/s':>10} {'accepted':>8} {'refused':>7} {'seen':>6}  last verdict"
+    )
     for p in peers:
         banned = f" BANNED {p['banned_for_s']:.0f}s" if p["banned_for_s"] else ""
         reach = {"private": "behind NAT"}.get(p["reachability"], p["reachability"])
@@ -373,8 +392,7 @@ def ledger(args: argparse.Namespace) -> None:
         return
     print(f"{'#':>3} {'peer':<54} {'credit':>10} {'tokens':>9} {'rollouts':>9} {'accepted':>8} {'refused':>7}")
     for i, r in enumerate(rows, 1):
-        print(f"{i:>3} {r.peer:<54} {r.credit:>10.0f} {r.tokens:>9} {r.rollouts:>9} "
-              f"{r.accepted:>8} {r.refused:>7}")
+        print(f"{i:>3} {r.peer:<54} {r.credit:>10.0f} {r.tokens:>9} {r.rollouts:>9} {r.accepted:>8} {r.refused:>7}")
     if refusals:
         print("refused: " + ", ".join(f"{k} {v}" for k, v in sorted(refusals.items())))
 

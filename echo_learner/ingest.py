@@ -192,8 +192,12 @@ class Ingest:
         if version not in self.window():
             version, fetch_s = current, meter.broadcast_s
         left = window_left_s(
-            version=version, current=current, staleness=cfg.window, publish_every=cfg.publish_every,
-            steps_since=meter.steps_since_publish, step_period_s=meter.step_period_s,
+            version=version,
+            current=current,
+            staleness=cfg.window,
+            publish_every=cfg.publish_every,
+            steps_since=meter.steps_since_publish,
+            step_period_s=meter.step_period_s,
         )
         return max(0.0, left - fetch_s)
 
@@ -217,10 +221,15 @@ class Ingest:
 
         swarm = {s.peer: worker(s) for s in self.peers.active(cfg.assignment_timeout_s) if s.rate > 0}
         return prompts_for(
-            stats.rate if stats else 0.0, min(cfg.assignment_timeout_s, self._window_left_s(req)),
-            cfg.group_size, cfg.prompts_per_request,
-            held=held[peer], busy_s=swarm[peer].busy_s if peer in swarm else 0.0, swarm=list(swarm.values()),
-            unassigned=self.pool.unassigned(), handed_this_round=self.pool.handed(peer),
+            stats.rate if stats else 0.0,
+            min(cfg.assignment_timeout_s, self._window_left_s(req)),
+            cfg.group_size,
+            cfg.prompts_per_request,
+            held=held[peer],
+            busy_s=swarm[peer].busy_s if peer in swarm else 0.0,
+            swarm=list(swarm.values()),
+            unassigned=self.pool.unassigned(),
+            handed_this_round=self.pool.handed(peer),
         )
 
     def _room_for(self, peer: str) -> int:
@@ -263,9 +272,16 @@ class Ingest:
         signed receipt (sent only after the ledger write)."""
         rollouts = sum(len(g.completions) for g in batch.groups)
         reason = await verify_batch(
-            batch, sender, banned=self.peers.banned(sender), pool=self.pool, window=self.window,
-            nonce_accepted=lambda nonce: self.ledger.nonce_accepted(sender, nonce), limits=self.limits,
-            policies=self.policies, pad_id=self.pad_id, in_flight=self._verifying,
+            batch,
+            sender,
+            banned=self.peers.banned(sender),
+            pool=self.pool,
+            window=self.window,
+            nonce_accepted=lambda nonce: self.ledger.nonce_accepted(sender, nonce),
+            limits=self.limits,
+            policies=self.policies,
+            pad_id=self.pad_id,
+            in_flight=self._verifying,
             on_recomputed=lambda seconds: self.meter.on_verify(seconds, rollouts),
         )
         accepted = reason is None
@@ -328,9 +344,7 @@ class Ingest:
                 # its prompts go out again now, and their lapse is no strike.
                 self.pool.release(sender, [g.prompt_id for g in batch.groups])
         # generate_ms is the node's own word; it only feeds the capacity forecast.
-        self.peers.on_verdict(
-            sender, receipt.reason, rollouts, receipt.tokens, cycle_s, batch.generate_ms / 1000
-        )
+        self.peers.on_verdict(sender, receipt.reason, rollouts, receipt.tokens, cycle_s, batch.generate_ms / 1000)
         return receipt
 
     def _score(self, assignment: Assignment, group) -> ScoredGroup:  # type: ignore[no-untyped-def]
@@ -349,9 +363,7 @@ class Ingest:
 
     def _record_malformed(self, sender: str, exc: ProtocolError) -> None:
         """An undecodable or oversized batch is a verdict too: a ledger row, a strike."""
-        self.ledger.record(
-            Row(bytes(32), sender, 0, b"", 0, 0, "refused", MALFORMED, 0.0, now_ms(), b"")
-        )
+        self.ledger.record(Row(bytes(32), sender, 0, b"", 0, 0, "refused", MALFORMED, 0.0, now_ms(), b""))
         self.counters.batches_refused += 1
         self.counters.refused[MALFORMED] += 1
         self.peers.on_verdict(sender, MALFORMED, 0, 0)

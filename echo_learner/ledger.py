@@ -96,9 +96,18 @@ class Ledger:
                 " verdict, reason, credit, created_ms, receipt, batch)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    row.batch_hash, row.peer, row.version, row.nonce, row.rollouts,
-                    row.tokens, row.verdict, row.reason, row.credit, row.created_ms,
-                    row.receipt, row.batch,
+                    row.batch_hash,
+                    row.peer,
+                    row.version,
+                    row.nonce,
+                    row.rollouts,
+                    row.tokens,
+                    row.verdict,
+                    row.reason,
+                    row.credit,
+                    row.created_ms,
+                    row.receipt,
+                    row.batch,
                 ),
             )
         assert cur.lastrowid is not None
@@ -133,8 +142,7 @@ class Ledger:
         """(id, signed receipt) of ``peer``'s verdicts after ``after_id``, oldest first."""
         return list(
             self.db.execute(
-                "SELECT id, receipt FROM verdicts WHERE peer = ? AND id > ? AND receipt != x''"
-                " ORDER BY id LIMIT ?",
+                "SELECT id, receipt FROM verdicts WHERE peer = ? AND id > ? AND receipt != x'' ORDER BY id LIMIT ?",
                 (peer, after_id, limit),
             )
         )
@@ -161,9 +169,7 @@ class Ledger:
         return [dict(zip(keys, r)) for r in rows]
 
     def refusal_counts(self) -> dict[str, int]:
-        rows = self.db.execute(
-            "SELECT reason, COUNT(*) FROM verdicts WHERE verdict = 'refused' GROUP BY reason"
-        )
+        rows = self.db.execute("SELECT reason, COUNT(*) FROM verdicts WHERE verdict = 'refused' GROUP BY reason")
         return dict(rows.fetchall())
 
     def close(self) -> None:

@@ -77,7 +77,10 @@ def completion_logprobs(
 
 
 def spread(
-    values: Sequence[Sequence[float]], prompts: Sequence[Sequence[int]], width: int, device: torch.device | None = None,
+    values: Sequence[Sequence[float]],
+    prompts: Sequence[Sequence[int]],
+    width: int,
+    device: torch.device | None = None,
 ) -> torch.Tensor:
     """Per-completion-token values laid out like ``completion_logprobs``'s output."""
     out = torch.zeros((len(values), width))
@@ -117,7 +120,9 @@ def grouped_logprobs(
     temperature: float = 1.0,
 ) -> list[list[torch.Tensor]]:
     """Log-probs of every completion's tokens; ``groups[g]`` all continue ``prompts[g]``."""
-    return [[s.logprobs for s in g] for g in grouped_token_stats(model, prompts, groups, pad_id, max_bytes, temperature)]
+    return [
+        [s.logprobs for s in g] for g in grouped_token_stats(model, prompts, groups, pad_id, max_bytes, temperature)
+    ]
 
 
 @torch.no_grad()
@@ -154,9 +159,7 @@ def grouped_token_stats(
 
     sizes = [len(group) for group in groups]
     rows = [(g, c) for g, group in enumerate(groups) for c in group]
-    result = [
-        (first[g, c[0]].reshape(1), first_h[g].reshape(1), first_v[g].reshape(1)) for g, c in rows
-    ]
+    result = [(first[g, c[0]].reshape(1), first_h[g].reshape(1), first_v[g].reshape(1)) for g, c in rows]
     vocab = first.shape[-1]
     for part in row_slices([len(c) - 1 for _, c in rows], vocab, max_bytes, VERIFY_BYTES_PER_LOGIT):
         chunk = rows[part]
@@ -175,10 +178,10 @@ def grouped_token_stats(
         # Position j of a completion predicts its token j + 1; right padding
         # comes after every real token, so causal attention never sees it.
         attention = torch.cat([seen[owner], present[:, :-1]], dim=1)
-        steps = (torch.arange(width - 1)[None, :] + torch.tensor([len(prompts[g]) for g, _ in chunk])[:, None]).to(where)
-        logits = model(
-            input_ids=tokens[:, :-1], attention_mask=attention, position_ids=steps, cache=cache
-        ).logits
+        steps = (torch.arange(width - 1)[None, :] + torch.tensor([len(prompts[g]) for g, _ in chunk])[:, None]).to(
+            where
+        )
+        logits = model(input_ids=tokens[:, :-1], attention_mask=attention, position_ids=steps, cache=cache).logits
         lp = torch.log_softmax(logits.float() / temperature, dim=-1)
         del logits
         rest = lp.gather(-1, tokens[:, 1:, None]).squeeze(-1)

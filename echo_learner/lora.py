@@ -77,8 +77,11 @@ def wrap(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
     if missing:
         raise ValueError(f"--lora-targets {','.join(missing)}: no such layer in the model")
     config = LoraConfig(
-        r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-        target_modules=list(settings.targets), bias="none",
+        r=settings.rank,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=list(settings.targets),
+        bias="none",
     )
     return get_peft_model(model, config)
 
@@ -101,8 +104,6 @@ def load_adapter_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -
 def adapter_bytes(model: torch.nn.Module, settings: LoraSettings) -> bytes:
     """The adapter file a LoRA version publishes."""
     return save(adapter_state(model), metadata=lora_metadata(settings.rank, settings.alpha))
-
-
 
 
 def restore(model: torch.nn.Module, state: dict) -> torch.nn.Module:

@@ -35,12 +35,16 @@ class Timings:
             "echo_train_step_seconds", "Time of one training step.", buckets=STEP_BUCKETS, registry=registry
         )
         self.verify = Histogram(
-            "echo_verify_batch_seconds", "Time of the log-prob recompute of one rollout batch.",
-            buckets=VERIFY_BUCKETS, registry=registry,
+            "echo_verify_batch_seconds",
+            "Time of the log-prob recompute of one rollout batch.",
+            buckets=VERIFY_BUCKETS,
+            registry=registry,
         )
         self.broadcast = Histogram(
-            "echo_broadcast_seconds", "Time from publishing a version to a node holding all of it.",
-            buckets=BROADCAST_BUCKETS, registry=registry,
+            "echo_broadcast_seconds",
+            "Time from publishing a version to a node holding all of it.",
+            buckets=BROADCAST_BUCKETS,
+            registry=registry,
         )
 
 
@@ -70,23 +74,35 @@ class StatusCollector(Collector):
         yield refused
         yield gauge("echo_training_step", "Training steps done.", s["step"])
         heldout = s["heldout"] or {}
-        yield gauge("echo_heldout_accuracy", "Greedy accuracy on held-out prompts of the newest scored version.",
-                    heldout.get("accuracy"))
+        yield gauge(
+            "echo_heldout_accuracy",
+            "Greedy accuracy on held-out prompts of the newest scored version.",
+            heldout.get("accuracy"),
+        )
         yield gauge("echo_heldout_version", "The policy version the held-out accuracy is of.", heldout.get("version"))
         yield gauge("echo_policy_version", "Newest published policy version.", s["version"])
         yield gauge("echo_steps_per_second", "Training steps per second (recent).", s["steps_per_s"])
         yield gauge("echo_learner_utilization", "Share of recent time spent training.", s["utilization"])
         capacity = s["capacity"]
-        yield gauge("echo_learner_utilization_forecast",
-                    "The capacity model's utilization forecast for the next window.", capacity["utilization"])
-        yield gauge("echo_forecast_error",
-                    "Mean absolute error of recent utilization forecasts, checked against what happened.",
-                    capacity["forecast_error"])
+        yield gauge(
+            "echo_learner_utilization_forecast",
+            "The capacity model's utilization forecast for the next window.",
+            capacity["utilization"],
+        )
+        yield gauge(
+            "echo_forecast_error",
+            "Mean absolute error of recent utilization forecasts, checked against what happened.",
+            capacity["forecast_error"],
+        )
         yield gauge("echo_peers", "Nodes seen recently.", s["peers"])
-        yield counter("echo_broadcast_bytes", "Bytes of weights published (one copy per version).",
-                      s["broadcast"]["bytes_published"])
-        up = GaugeMetricFamily("echo_bootstrap_up", "1 if the bootstrap peer answered its last ping, else 0.",
-                               labels=["addr"])
+        yield counter(
+            "echo_broadcast_bytes",
+            "Bytes of weights published (one copy per version).",
+            s["broadcast"]["bytes_published"],
+        )
+        up = GaugeMetricFamily(
+            "echo_bootstrap_up", "1 if the bootstrap peer answered its last ping, else 0.", labels=["addr"]
+        )
         for b in s["bootstrap"]:
             up.add_metric([b["addr"]], 1 if b["answers"] else 0)
         yield up

@@ -44,9 +44,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([PAD, BOS, EOS])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS)
 
 
 def tokenizer_digest(tokenizer: PreTrainedTokenizerFast) -> bytes:
@@ -112,9 +110,7 @@ def locate(source: str) -> dict:
     if path.is_file() and path.suffix == ".gguf":
         missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
         if missing:
-            raise ModelError(
-                f"loading a .gguf model needs {' and '.join(missing)}: pip install -e '.[llama]'"
-            )
+            raise ModelError(f"loading a .gguf model needs {' and '.join(missing)}: pip install -e '.[llama]'")
         return {"pretrained_model_name_or_path": path.parent, "gguf_file": path.name}
     raise ModelError(f"{source}: not a Hugging Face model directory (with config.json) or a .gguf file")
 
@@ -171,9 +167,7 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, text: str, system: str = "
     if tokenizer.chat_template:
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": text})
-        rendered = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=True
-        )
+        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
         return tuple(rendered["input_ids"])
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return (*([] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]), *ids)

@@ -38,8 +38,13 @@ class Publisher:
         if (lora is None) != (frozen_base is None):
             raise ValueError("a LoRA publisher needs the frozen base weights, and only it")
         self.identity = identity
-        self.common = dict(job_id=job_id, task=task, model_config=model_config,
-                           tokenizer_digest=tokenizer_digest, chunk_size=chunk_size)
+        self.common = dict(
+            job_id=job_id,
+            task=task,
+            model_config=model_config,
+            tokenizer_digest=tokenizer_digest,
+            chunk_size=chunk_size,
+        )
         self.max_update_ratio = max_update_ratio
         self.lora = lora
         self.frozen_base = frozen_base
@@ -93,10 +98,15 @@ class Publisher:
             self.base = (signed, weights)
         return signed, chunks
 
-    def _update(self, version: int, fmt: str, payload: bytes, weights: bytes | None = None) -> tuple[Manifest, list[bytes]]:
+    def _update(
+        self, version: int, fmt: str, payload: bytes, weights: bytes | None = None
+    ) -> tuple[Manifest, list[bytes]]:
         assert self.base is not None
         return manifest.build(
-            self.identity, version=version, parent_version=version - 1,
+            self.identity,
+            version=version,
+            parent_version=version - 1,
             weights=payload if weights is None else weights,
-            update=manifest.Update(fmt, self.base[0], payload), **self.common,
+            update=manifest.Update(fmt, self.base[0], payload),
+            **self.common,
         )

@@ -110,23 +110,37 @@ class Learner:
             config = dataclasses.replace(config, assignment_timeout_s=30 + 0.5 * self.max_new_tokens)
             self.config = config
         self.system_prompt = config.system_prompt or self.task.system_prompt
-        check_answers_fit(config.prompts_per_request, config.group_size, self.max_new_tokens,
-                          self.model.config.vocab_size)
+        check_answers_fit(
+            config.prompts_per_request, config.group_size, self.max_new_tokens, self.model.config.vocab_size
+        )
         check_prompts_fit(
-            self.task, self._tokens, getattr(self.model.config, "max_position_embeddings", None) or MAX_PROMPT_TOKENS,
-            self.max_new_tokens, config.seed,
+            self.task,
+            self._tokens,
+            getattr(self.model.config, "max_position_embeddings", None) or MAX_PROMPT_TOKENS,
+            self.max_new_tokens,
+            config.seed,
         )
         self.heldout = HeldoutMonitor(
-            self.task, self.tokenizer, every=config.eval_every, prompts=config.eval_prompts,
-            max_new_tokens=self.max_new_tokens, system_prompt=self.system_prompt,
+            self.task,
+            self.tokenizer,
+            every=config.eval_every,
+            prompts=config.eval_prompts,
+            max_new_tokens=self.max_new_tokens,
+            system_prompt=self.system_prompt,
             path=config.data_dir / "heldout.jsonl",
         )
         # In this process, or on --train-procs torchrun ranks (started by run()).
         self.trainer: Trainer | TrainGroup | None = None
         self.publisher = Publisher(
-            identity, job_id=self.job_id, task=self.task.name, model_config=config_json(self.model),
-            tokenizer_digest=tokenizer_digest(self.tokenizer), chunk_size=config.chunk_size,
-            max_update_ratio=config.max_update_ratio, lora=self.lora, frozen_base=frozen_base,
+            identity,
+            job_id=self.job_id,
+            task=self.task.name,
+            model_config=config_json(self.model),
+            tokenizer_digest=tokenizer_digest(self.tokenizer),
+            chunk_size=config.chunk_size,
+            max_update_ratio=config.max_update_ratio,
+            lora=self.lora,
+            frozen_base=frozen_base,
         )
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(config.ledger_path)
@@ -156,7 +170,8 @@ class Learner:
         self._unput: tuple[int, bytes] | None = None
         self._unput_changed = trio.Event()
         self.ingest = Ingest(
-            config, identity,
+            config,
+            identity,
             job_id=self.job_id,
             task=self.task,
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
@@ -218,11 +233,13 @@ class Learner:
                 ):
                     host.set_stream_handler(protocol, serve(protocol, handler, cfg.request_timeout_s))
                 # The learner seeds each version into the swarm's broadcast.
-                store = VersionStore(
-                    cfg.data_dir / "weights" / self.job_id, learner_id=self.me, keep=cfg.keep_versions
-                )
+                store = VersionStore(cfg.data_dir / "weights" / self.job_id, learner_id=self.me, keep=cfg.keep_versions)
                 self.engine = BroadcastEngine(
-                    swarm, store, job_id=self.job_id, learner_id=self.me, is_seed=True,
+                    swarm,
+                    store,
+                    job_id=self.job_id,
+                    learner_id=self.me,
+                    is_seed=True,
                     config=BroadcastConfig(max_upload_mbit=cfg.max_upload_mbit),
                 )
                 self.engine.have_listener = self._on_have
@@ -259,13 +276,22 @@ class Learner:
         process's model."""
         cfg = self.config
         objective = Objective(cfg.clip_eps, cfg.ratio_cap, cfg.kl_coef)
-        common = {"lr": cfg.lr, "pad_id": self.tokenizer.pad_token_id,
-                  "max_logit_bytes": cfg.logit_memory_mib * 2**20, "temperature": cfg.temperature}
+        common = {
+            "lr": cfg.lr,
+            "pad_id": self.tokenizer.pad_token_id,
+            "max_logit_bytes": cfg.logit_memory_mib * 2**20,
+            "temperature": cfg.temperature,
+        }
         if cfg.train_procs == 1:
             return Trainer(self.model, objective=objective, **common)
         settings = {
-            **common, "model": cfg.model, "seed": cfg.seed, "lora": self.lora.as_dict() if self.lora else None,
-            "objective": dataclasses.asdict(objective), "device": self.device.type, "threads": cfg.torch_threads,
+            **common,
+            "model": cfg.model,
+            "seed": cfg.seed,
+            "lora": self.lora.as_dict() if self.lora else None,
+            "objective": dataclasses.asdict(objective),
+            "device": self.device.type,
+            "threads": cfg.torch_threads,
         }
         return TrainGroup(self.model, procs=cfg.train_procs, settings=settings)
 
@@ -299,8 +325,14 @@ class Learner:
             checkpoint.restore_rng(self.rng, state["rng"])
             self.step = self.checkpointed_step = state["step"]
             self.pool.restore(state["pool"], version_offset=first_version - state["version"])
-            event(log, logging.WARNING, "resumed from checkpoint", step=self.step,
-                  checkpoint_version=state["version"], next_version=first_version)
+            event(
+                log,
+                logging.WARNING,
+                "resumed from checkpoint",
+                step=self.step,
+                checkpoint_version=state["version"],
+                next_version=first_version,
+            )
         return first_version
 
     async def announce(self) -> None:
@@ -338,9 +370,7 @@ class Learner:
             # its thread changes the weights whatever happens here, and the
             # checkpoint written on the way out must say which step they are.
             with trio.CancelScope(shield=True):
-                stats: StepStats = await trio.to_thread.run_sync(
-                    self.trainer.step, [r.group for r in batch]
-                )
+                stats: StepStats = await trio.to_thread.run_sync(self.trainer.step, [r.group for r in batch])
                 self.step += 1
             trained = time.monotonic()
             self.meter.on_train(t0, trained)
@@ -361,8 +391,10 @@ class Learner:
         refused as out of the window)."""
         cfg, meter = self.config, self.meter
         return cfg.mode == "sync" or publish_due(
-            publish_every=cfg.publish_every, steps_since=meter.steps_since_publish,
-            since_publish_s=time.monotonic() - meter.last_published, broadcast_s=meter.broadcast_s,
+            publish_every=cfg.publish_every,
+            steps_since=meter.steps_since_publish,
+            since_publish_s=time.monotonic() - meter.last_published,
+            broadcast_s=meter.broadcast_s,
         )
 
     async def _check_forecasts(self) -> None:
@@ -596,4 +628,3 @@ class Learner:
             "seconds": round(self.meter.broadcast_s, 3),
             "bytes_published": self.bytes_published,
         }
-

@@ -52,8 +52,15 @@ def round_end_s(workers: Sequence[Worker], unassigned: int) -> float:
 
 
 def prompts_for(
-    rate: float, deadline_s: float, group_size: int, cap: int, held: int = 0, busy_s: float = 0.0,
-    swarm: Sequence[Worker] = (), unassigned: int = 0, handed_this_round: int = 0,
+    rate: float,
+    deadline_s: float,
+    group_size: int,
+    cap: int,
+    held: int = 0,
+    busy_s: float = 0.0,
+    swarm: Sequence[Worker] = (),
+    unassigned: int = 0,
+    handed_this_round: int = 0,
 ) -> int:
     """More prompts for a node generating ``rate`` rollouts/s (0: not
     measured yet: one group per request) that holds ``held`` unanswered ones,

@@ -79,9 +79,7 @@ def check_train_procs(procs: int, device: torch.device) -> None:
     if device.type not in ("cpu", "cuda"):
         raise TrainGroupError(f"--train-procs {procs}: FSDP trains on the CPU or CUDA GPUs, not {device.type}")
     if device.type == "cuda" and procs > torch.cuda.device_count():
-        raise TrainGroupError(
-            f"--train-procs {procs}: one GPU per process, and torch sees {torch.cuda.device_count()}"
-        )
+        raise TrainGroupError(f"--train-procs {procs}: one GPU per process, and torch sees {torch.cuda.device_count()}")
 
 
 class TrainGroup:
@@ -106,8 +104,15 @@ class TrainGroup:
         server.bind(address)
         server.listen(1)
         command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}",
-            "-m", "echo_learner.train_worker", address, json.dumps(settings),
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={procs}",
+            "-m",
+            "echo_learner.train_worker",
+            address,
+            json.dumps(settings),
         ]
         # torchrun sets OMP_NUM_THREADS=1 (and says so) unless it is set.
         env = {**os.environ, AUTHKEY_ENV: key.hex(), "OMP_NUM_THREADS": str(settings["threads"])}
@@ -168,8 +173,9 @@ class TrainGroup:
         wire = [[g.prompt_tokens, g.completions, g.behaviour_logprobs, g.rewards] for g in groups]
         answer = self._call({"op": "step", "groups": wire})
         self._stale = True
-        return StepStats(loss=answer["loss"], kl=answer["kl"], reward_mean=answer["reward_mean"],
-                         tokens=answer["tokens"])
+        return StepStats(
+            loss=answer["loss"], kl=answer["kl"], reward_mean=answer["reward_mean"], tokens=answer["tokens"]
+        )
 
     def sync(self) -> None:
         """Copy the ranks' newest weights into ``model`` (if they trained since)."""

@@ -123,8 +123,13 @@ class Worker:
                 fully_shard(layer, mesh=mesh)
             fully_shard(m, mesh=mesh)
         self.trainer = Trainer(
-            model, lr=settings["lr"], objective=Objective(**settings["objective"]), pad_id=settings["pad_id"],
-            max_logit_bytes=settings["max_logit_bytes"], temperature=settings["temperature"], reference=reference,
+            model,
+            lr=settings["lr"],
+            objective=Objective(**settings["objective"]),
+            pad_id=settings["pad_id"],
+            max_logit_bytes=settings["max_logit_bytes"],
+            temperature=settings["temperature"],
+            reference=reference,
         )
         self.rank, self.world = dist.get_rank(), world
 
@@ -161,8 +166,12 @@ class Worker:
         trainer.optimizer.step()
         totals = torch.tensor([loss, kl], dtype=torch.float64)
         dist.all_reduce(totals)
-        return {"loss": float(totals[0]), "kl": float(totals[1]), "reward_mean": batch.reward_mean,
-                "tokens": batch.tokens}
+        return {
+            "loss": float(totals[0]),
+            "kl": float(totals[1]),
+            "reward_mean": batch.reward_mean,
+            "tokens": batch.tokens,
+        }
 
     def _options(self, **kw: Any) -> Any:
         from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -180,7 +189,9 @@ class Worker:
         form (parameters numbered in order), as one process would checkpoint it."""
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        state = get_optimizer_state_dict(self.trainer.model, self.trainer.optimizer, options=self._options(cpu_offload=True))
+        state = get_optimizer_state_dict(
+            self.trainer.model, self.trainer.optimizer, options=self._options(cpu_offload=True)
+        )
         if self.rank != 0:
             return None
         names = [n for g in state["param_groups"] for n in g["params"]]

@@ -57,8 +57,18 @@ UNSUPPORTED = "unsupported_dtype"
 # but slow node can see its prompts reassigned or its version fall out of the
 # window; those cost it the batch, not its standing.)
 STRIKES = frozenset(
-    {MALFORMED, WRONG_SIGNER, BAD_SIGNATURE, UNSUPPORTED, NOT_ASSIGNED, REPLAYED, BAD_GROUP, BAD_TOKENS,
-     BAD_LOGPROBS, IMPLAUSIBLE}
+    {
+        MALFORMED,
+        WRONG_SIGNER,
+        BAD_SIGNATURE,
+        UNSUPPORTED,
+        NOT_ASSIGNED,
+        REPLAYED,
+        BAD_GROUP,
+        BAD_TOKENS,
+        BAD_LOGPROBS,
+        IMPLAUSIBLE,
+    }
 )
 
 
@@ -158,9 +168,19 @@ async def verify_batch(
     assert allowed is not None, "check_batch refuses unsupported combinations"
     reason = check_logprobs(error, allowed)
     if reason is not None:
-        event(log, logging.INFO, "log-prob check failed", peer=sender, reason=reason, backend=batch.backend,
-              dtype=batch.dtype, device=batch.device,
-              worst=f"{error.worst:.3g}", mean=f"{error.mean:.3g}", surprise_z=f"{error.surprise_z:.2f}")
+        event(
+            log,
+            logging.INFO,
+            "log-prob check failed",
+            peer=sender,
+            reason=reason,
+            backend=batch.backend,
+            dtype=batch.dtype,
+            device=batch.device,
+            worst=f"{error.worst:.3g}",
+            mean=f"{error.mean:.3g}",
+            surprise_z=f"{error.surprise_z:.2f}",
+        )
         return reason
     return recheck(batch, sender, pool)
 
@@ -188,9 +208,7 @@ def check_batch(
         return UNSUPPORTED
     prompt_ids = [g.prompt_id for g in batch.groups]
     assignments = [pool.lookup(pid) for pid in prompt_ids]
-    if len(set(prompt_ids)) != len(prompt_ids) or any(
-        a is None or sender not in a.holders for a in assignments
-    ):
+    if len(set(prompt_ids)) != len(prompt_ids) or any(a is None or sender not in a.holders for a in assignments):
         return NOT_ASSIGNED
     if batch.version not in window:
         return OUT_OF_WINDOW
@@ -246,7 +264,11 @@ def logprob_error(
     """
     assert len(prompts) == len(batch.groups), "one prompt per group"
     mine = grouped_token_stats(
-        model, prompts, [[c.tokens for c in g.completions] for g in batch.groups], pad_id, max_logit_bytes,
+        model,
+        prompts,
+        [[c.tokens for c in g.completions] for g in batch.groups],
+        pad_id,
+        max_logit_bytes,
         temperature,
     )
     pairs = [

@@ -69,9 +69,15 @@ def generate_in_calls(backend: Backend, work: WorkAssignment, per_call: int) -> 
     prompts = [p.tokens for p in work.prompts]
     groups: list[list[Sample]] = []
     for i in range(0, len(prompts), per_call):
-        groups.extend(backend.generate(
-            prompts[i : i + per_call], work.group_size, work.max_new_tokens, work.temperature, work.stop_token_ids,
-        ))
+        groups.extend(
+            backend.generate(
+                prompts[i : i + per_call],
+                work.group_size,
+                work.max_new_tokens,
+                work.temperature,
+                work.stop_token_ids,
+            )
+        )
     return groups
 
 

@@ -96,8 +96,9 @@ class Loaded:
 class LlamaBackend:
     name = "llama"
 
-    def __init__(self, dtype: str, threads: int, work_dir: Path, device: Device | None = None,
-                 context: int = LLAMA_CELLS):
+    def __init__(
+        self, dtype: str, threads: int, work_dir: Path, device: Device | None = None, context: int = LLAMA_CELLS
+    ):
         # auto: the node picks the most exact dtype that fits once it knows
         # the job's model (echo_node.memory.choose_dtype), before the first prepare.
         self.auto_dtype = dtype == "auto"
@@ -147,9 +148,12 @@ class LlamaBackend:
             raise LlamaError("llama.cpp could not load the LoRA adapter")
         loaded = self._context(base)
         loaded.adapter = lora
-        if llama_cpp.llama_set_adapters_lora(
-            loaded.ctx, (llama_cpp.llama_adapter_lora_p_ctypes * 1)(lora), 1, (ctypes.c_float * 1)(1.0)
-        ) != 0:
+        if (
+            llama_cpp.llama_set_adapters_lora(
+                loaded.ctx, (llama_cpp.llama_adapter_lora_p_ctypes * 1)(lora), 1, (ctypes.c_float * 1)(1.0)
+            )
+            != 0
+        ):
             loaded.free()
             raise LlamaError("llama.cpp could not set the LoRA adapter")
         return loaded
@@ -231,9 +235,7 @@ class LlamaBackend:
             i += len(chunk)
         return out
 
-    def _chunk(
-        self, prompts: list[tuple[int, ...]], group_size: int, max_new_tokens: int
-    ) -> list[tuple[int, ...]]:
+    def _chunk(self, prompts: list[tuple[int, ...]], group_size: int, max_new_tokens: int) -> list[tuple[int, ...]]:
         """The longest prefix of ``prompts`` whose sequences fit one context."""
         assert self.loaded is not None
         cells = 0
@@ -287,9 +289,9 @@ class LlamaBackend:
             active = still
             if not active or step == max_new_tokens - 1:
                 break
-            logits = self._decode([
-                (tokens[seq][-1], len(prompts[seq // group_size]) + step, seq, True) for seq in active
-            ])
+            logits = self._decode(
+                [(tokens[seq][-1], len(prompts[seq // group_size]) + step, seq, True) for seq in active]
+            )
         samples = [Sample(tuple(t), tuple(lp)) for t, lp in zip(tokens, logprobs)]
         return [samples[p * group_size : (p + 1) * group_size] for p in range(len(prompts))]
 

@@ -36,6 +36,7 @@ def build_parser() -> Parser:
     join.add_argument("invite", nargs="?", default=None, help="an invite (echo1:...) from the learner's operator")
     add_arguments(join, NodeConfig)
     join.add_argument("-v", "--verbose", action="store_true", help="log each step of the work loop")
+
     def joining_command(name: str, help_text: str, description: str) -> None:
         """A command that joins the swarm briefly, with join's settings and --json."""
         sub = commands.add_parser(name, help=help_text, description=description)
@@ -69,7 +70,9 @@ def build_parser() -> Parser:
         "NAT), its neighbours and its work so far.",
     )
     status.add_argument(
-        "--data-dir", type=Path, default=default_data_dir(),
+        "--data-dir",
+        type=Path,
+        default=default_data_dir(),
         help=f"the node's data dir (default: {default_data_dir()})",
     )
     status.add_argument("--json", action="store_true", help="print JSON")
@@ -92,8 +95,11 @@ def main(argv: list[str] | None = None) -> None:
     config = resolve_or_exit(PROG, NodeConfig, args, ENV_PREFIX)
     config, learner_addrs = apply_invite(config, args.invite)
     if not config.bootstrap and not config.mdns:
-        fail(PROG, "no bootstrap peer: paste the invite the learner's operator gave you "
-             "(echo-node join echo1:...), or pass --bootstrap ADDR (or set ECHO_BOOTSTRAP)")
+        fail(
+            PROG,
+            "no bootstrap peer: paste the invite the learner's operator gave you "
+            "(echo-node join echo1:...), or pass --bootstrap ADDR (or set ECHO_BOOTSTRAP)",
+        )
     if not config.bootstrap:
         print("no bootstrap peer given: looking for a learner on the local network (mDNS)", flush=True)
     if args.command == "credits":
@@ -199,8 +205,7 @@ def join(config: NodeConfig, learner_addrs: tuple[str, ...], *, verbose: bool) -
     finally:
         backend.close()
     print(
-        f"node left the swarm: {node.rollouts_sent} rollouts sent, "
-        f"{node.receipts_accepted} batches accepted",
+        f"node left the swarm: {node.rollouts_sent} rollouts sent, {node.receipts_accepted} batches accepted",
         flush=True,
     )
     sys.exit(0)

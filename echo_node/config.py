@@ -23,49 +23,68 @@ class NodeConfig(ConnectionSettings):
     learner: str = setting("", "peer id of the learner to work for (default: the first found)")
     job_id: str = setting("", "job to work for (default: the learner's; an invite sets it)")
     backend: str = setting(
-        "auto", "inference backend (auto: llama.cpp when installed, else torch)",
+        "auto",
+        "inference backend (auto: llama.cpp when installed, else torch)",
         choices=("auto", "torch", "llama"),
     )
     dtype: str = setting(
-        "auto", "weight precision. llama.cpp: f32, f16 or q8_0 (2x and 4x smaller, a little less "
+        "auto",
+        "weight precision. llama.cpp: f32, f16 or q8_0 (2x and 4x smaller, a little less "
         "exact: the learner allows for it); auto: the most exact that fits in memory. torch: f32, bf16 "
-        "or f16; auto: f32 on the CPU, bf16 (else f16) on a GPU", choices=("auto", "f32", "bf16", "f16", "q8_0"),
+        "or f16; auto: f32 on the CPU, bf16 (else f16) on a GPU",
+        choices=("auto", "f32", "bf16", "f16", "q8_0"),
     )
     device: str = setting(
-        "auto", "where to generate: auto (the best that works: a GPU the backend can use, else the "
-        "CPU), cpu, cuda, mps (Apple) or vulkan (llama.cpp only)", choices=DEVICES,
+        "auto",
+        "where to generate: auto (the best that works: a GPU the backend can use, else the "
+        "CPU), cpu, cuda, mps (Apple) or vulkan (llama.cpp only)",
+        choices=DEVICES,
     )
     max_memory: float = setting(
-        0.0, "most memory in GiB this node may use (RAM, or GPU memory on a GPU); 0: what is free, "
-        "less 0.5 GiB left for other programs. Work that would not fit is run smaller or refused", lo=0,
+        0.0,
+        "most memory in GiB this node may use (RAM, or GPU memory on a GPU); 0: what is free, "
+        "less 0.5 GiB left for other programs. Work that would not fit is run smaller or refused",
+        lo=0,
     )
     max_prompts: int = setting(
-        64, "most prompts to take per work request (the learner sizes each one to this node's speed, up to its "
-        "--prompts-per-request)", lo=1, hi=256,
+        64,
+        "most prompts to take per work request (the learner sizes each one to this node's speed, up to its "
+        "--prompts-per-request)",
+        lo=1,
+        hi=256,
     )
     max_upload_mbit: float = setting(
         0.0, "upload bandwidth cap in Mbit/s for serving weights to peers (0: uncapped)", lo=0
     )
     max_deliveries: int = setting(
-        4, "most batches on their way to the learner at once (each waits for its verification)",
-        lo=1, hi=64,
+        4,
+        "most batches on their way to the learner at once (each waits for its verification)",
+        lo=1,
+        hi=64,
     )
     prefetch_below_s: float = setting(
-        5.0, "ask for the next assignment while generating when one takes less than this "
-        "(hides the request's round trip; slower nodes ask when done)", lo=0,
+        5.0,
+        "ask for the next assignment while generating when one takes less than this "
+        "(hides the request's round trip; slower nodes ask when done)",
+        lo=0,
     )
     keep_versions: int = setting(2, "weight versions kept on disk (bounds disk use)", lo=1)
     max_disk_gb: float = setting(
-        20.0, "most disk the weights may take: the kept versions plus the one downloading; a job "
-        "whose versions need more is refused before anything is written", lo=0.001,
+        20.0,
+        "most disk the weights may take: the kept versions plus the one downloading; a job "
+        "whose versions need more is refused before anything is written",
+        lo=0.001,
     )
     receipts_max_mb: float = setting(
-        16.0, "receipts.jsonl is moved to receipts.jsonl.1 past this size (the learner's ledger "
-        "keeps every receipt)", lo=0.01,
+        16.0,
+        "receipts.jsonl is moved to receipts.jsonl.1 past this size (the learner's ledger keeps every receipt)",
+        lo=0.01,
     )
     max_peers: int = setting(
-        16, "swarm neighbours to dial for weights: at least this many, and this many per 20 Mbit/s "
-        "of --max-upload-mbit, up to 128; peers that dial us are accepted up to twice that", lo=1,
+        16,
+        "swarm neighbours to dial for weights: at least this many, and this many per 20 Mbit/s "
+        "of --max-upload-mbit, up to 128; peers that dial us are accepted up to twice that",
+        lo=1,
     )
     threads: int = setting(
         0, "CPU threads for generation (0: physical cores minus one, so the volunteer keeps a core)", lo=0
@@ -79,16 +98,16 @@ class NodeConfig(ConnectionSettings):
     max_retry_s: float = setting(30.0, "longest pause between retries (backoff doubles up to it)", lo=0.05)
     bootstrap_timeout_s: float = setting(10.0, "deadline to dial one bootstrap peer", lo=1)
     relay: bool = setting(
-        False, "also relay for peers behind NAT (circuit relay v2, default limits); useful only "
-        "on a machine others can dial",
+        False,
+        "also relay for peers behind NAT (circuit relay v2, default limits); useful only on a machine others can dial",
     )
     mdns: bool = setting(
-        True, "announce and look for peers on the local network (mDNS): on one LAN, no "
-        "bootstrap address is needed",
+        True,
+        "announce and look for peers on the local network (mDNS): on one LAN, no bootstrap address is needed",
     )
     upnp: bool = setting(
-        True, "ask the home router to forward this node's port (UPnP-IGD), so that other "
-        "peers can dial it directly",
+        True,
+        "ask the home router to forward this node's port (UPnP-IGD), so that other peers can dial it directly",
     )
     lan_wait_s: float = setting(
         20.0, "with no bootstrap peer, how long to look for a learner on the LAN before giving up", lo=1
@@ -97,12 +116,15 @@ class NodeConfig(ConnectionSettings):
         300.0, "how often to re-check whether peers can dial this node (AutoNAT)", lo=5
     )
     emulate_tokens_per_s: float = setting(
-        0.0, "testing aid: generate no faster than this many tokens/s (emulates a slower machine; "
-        "0: off)", lo=0,
+        0.0,
+        "testing aid: generate no faster than this many tokens/s (emulates a slower machine; 0: off)",
+        lo=0,
     )
     emulate_delay_ms: float = setting(
-        0.0, "testing aid: wait this long before each work request and rollout submission "
-        "(emulates a wide-area link)", lo=0, hi=10_000,
+        0.0,
+        "testing aid: wait this long before each work request and rollout submission (emulates a wide-area link)",
+        lo=0,
+        hi=10_000,
     )
 
     @property

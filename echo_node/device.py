@@ -123,5 +123,7 @@ def _missing(kind: str, backend: str) -> str:
     found = llama_gpu_kind()
     if found:
         return f"the installed llama.cpp offloads to {found}, not {kind}"
-    return ("the installed llama.cpp was built without GPU offload: reinstall llama-cpp-python with "
-            "CMAKE_ARGS=-DGGML_CUDA=on (or -DGGML_METAL=on, -DGGML_VULKAN=on; README, 'A gaming PC')")
+    return (
+        "the installed llama.cpp was built without GPU offload: reinstall llama-cpp-python with "
+        "CMAKE_ARGS=-DGGML_CUDA=on (or -DGGML_METAL=on, -DGGML_VULKAN=on; README, 'A gaming PC')"
+    )

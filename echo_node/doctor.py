@@ -71,8 +71,12 @@ def check_backends(config: NodeConfig) -> Check:
 
         found.append(f"torch {torch.__version__} ({', '.join(torch_gpu_kinds()) or 'CPU only'})")
     if not found:
-        return Check("backends", FAIL, "no inference backend is installed",
-                     "pip install echo-swarm (torch) or 'echo-swarm[llama]' (llama.cpp)")
+        return Check(
+            "backends",
+            FAIL,
+            "no inference backend is installed",
+            "pip install echo-swarm (torch) or 'echo-swarm[llama]' (llama.cpp)",
+        )
     try:
         backend, why = choose(config.backend, config.dtype, config.threads, config.gguf_dir, config.device)
     except BackendUnavailable as exc:
@@ -81,8 +85,12 @@ def check_backends(config: NodeConfig) -> Check:
     gpu_here = bool(llama_gpu_kind() or torch_gpu_kinds()) or _has_nvidia_gpu()
     if backend.device.gpu or not gpu_here:
         return Check("backends", OK, active)
-    return Check("backends", WARN, active + "; a GPU is present but unused",
-                 "install a GPU build (README, 'A gaming PC') or pass --device")
+    return Check(
+        "backends",
+        WARN,
+        active + "; a GPU is present but unused",
+        "install a GPU build (README, 'A gaming PC') or pass --device",
+    )
 
 
 def _has_nvidia_gpu() -> bool:
@@ -103,11 +111,18 @@ def check_memory(config: NodeConfig, model_config: str) -> Check:
         shape = model_shape(model_config)
         dtype = choose_dtype(shape, name, config.dtype, free)
     except Refused as exc:
-        return Check("memory", FAIL, str(exc), "close other programs, use --backend llama --dtype auto, "
-                     "or a machine with more memory")
+        return Check(
+            "memory",
+            FAIL,
+            str(exc),
+            "close other programs, use --backend llama --dtype auto, or a machine with more memory",
+        )
     need = load_need(shape, name, dtype)
-    return Check("memory", OK, f"the model in {name} {dtype} needs about {need.describe()} to load; "
-                 f"{gib(free)} free on {device.name}")
+    return Check(
+        "memory",
+        OK,
+        f"the model in {name} {dtype} needs about {need.describe()} to load; {gib(free)} free on {device.name}",
+    )
 
 
 def check_upnp(mapper: PortMapper | None, public: bool, port: int | None) -> Check:
@@ -115,12 +130,21 @@ def check_upnp(mapper: PortMapper | None, public: bool, port: int | None) -> Che
         return Check("upnp", OK, "off (--no-upnp)")
     if mapper.mapped:
         ports = ", ".join(map(str, mapper.mapped))
-        return Check("upnp", OK, f"your router forwards TCP port {ports} to this machine "
-                     f"(UPnP; its WAN address is {mapper.external_ip or 'unknown'})")
+        return Check(
+            "upnp",
+            OK,
+            f"your router forwards TCP port {ports} to this machine "
+            f"(UPnP; its WAN address is {mapper.external_ip or 'unknown'})",
+        )
     if public:
         return Check("upnp", OK, f"not needed: other peers can dial this node ({mapper.state})")
-    return Check("upnp", WARN, mapper.state, "turn on UPnP in your router's settings, or forward "
-                 f"TCP port {port} to this machine by hand (and listen on a fixed port with --listen)")
+    return Check(
+        "upnp",
+        WARN,
+        mapper.state,
+        "turn on UPnP in your router's settings, or forward "
+        f"TCP port {port} to this machine by hand (and listen on a fixed port with --listen)",
+    )
 
 
 async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s: float) -> list[Check]:
@@ -135,16 +159,23 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
             try:
                 rtt = await ping(host, info, config.bootstrap_timeout_s)
             except Exception as exc:  # any failure of dial or stream: it does not answer
-                checks.append(Check("bootstrap", FAIL, f"{addr} does not answer ({type(exc).__name__}: {exc})"[:300],
-                                    "check the address (echo-bootstrap prints it) and that this machine "
-                                    "can reach it: a firewall may block outgoing TCP to its port"))
+                checks.append(
+                    Check(
+                        "bootstrap",
+                        FAIL,
+                        f"{addr} does not answer ({type(exc).__name__}: {exc})"[:300],
+                        "check the address (echo-bootstrap prints it) and that this machine "
+                        "can reach it: a firewall may block outgoing TCP to its port",
+                    )
+                )
                 continue
             answering.append(info)
             await swarm.dht.add_peer(info.peer_id)
             checks.append(Check("bootstrap", OK, f"{addr} answers in {rtt * 1000:.1f} ms"))
         if not answering:
-            checks.append(Check("job", FAIL, "not looked up: no bootstrap peer answered",
-                                "fix the bootstrap check first"))
+            checks.append(
+                Check("job", FAIL, "not looked up: no bootstrap peer answered", "fix the bootstrap check first")
+            )
             return checks
 
         from echo_node.node import Node, NoLearnerFound
@@ -154,20 +185,39 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
         try:
             await node.find_learner()
         except NoLearnerFound as exc:
-            checks.append(Check("job", FAIL, str(exc), "check the invite (or --learner / --job-id); "
-                                "is the learner running and connected to the same bootstrap peers?"))
+            checks.append(
+                Check(
+                    "job",
+                    FAIL,
+                    str(exc),
+                    "check the invite (or --learner / --job-id); "
+                    "is the learner running and connected to the same bootstrap peers?",
+                )
+            )
             return checks
         assert node.learner is not None and node.record is not None
         learner, record = node.learner.to_base58(), node.record
-        checks.append(Check("job", OK, f"{record.job_id} (task {record.task}, version {record.version}) "
-                            f"by learner {learner}: record found, signature valid"))
+        checks.append(
+            Check(
+                "job",
+                OK,
+                f"{record.job_id} (task {record.task}, version {record.version}) "
+                f"by learner {learner}: record found, signature valid",
+            )
+        )
         try:
             rtt = await ping(host, PeerInfo(node.learner, []), timeout_s)
             how = route(host.get_network().connections[node.learner][0])
             checks.append(Check("learner", OK, f"answers ping in {rtt * 1000:.1f} ms ({how} connection)"))
         except Exception as exc:  # any failure of dial or stream: it does not answer
-            checks.append(Check("learner", FAIL, f"does not answer ({type(exc).__name__})",
-                                "the learner may be down or unreachable from here; try again later"))
+            checks.append(
+                Check(
+                    "learner",
+                    FAIL,
+                    f"does not answer ({type(exc).__name__})",
+                    "the learner may be down or unreachable from here; try again later",
+                )
+            )
 
         servers = [info.peer_id for info in answering] + [node.learner]
         reach = await check_reachability(host, servers, timeout_s)
@@ -176,14 +226,24 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
         if reach.status == PUBLIC:
             checks.append(Check("reachable", OK, f"public: other peers can dial this node ({answers})"))
         elif reach.status == PRIVATE:
-            checks.append(Check(
-                "reachable", WARN, f"behind NAT or a firewall: nobody can dial this node ({answers})",
-                "nothing is needed to work; to serve weights to more peers, forward TCP port "
-                f"{port} on your router to this machine (and listen on a fixed port with --listen)",
-            ))
+            checks.append(
+                Check(
+                    "reachable",
+                    WARN,
+                    f"behind NAT or a firewall: nobody can dial this node ({answers})",
+                    "nothing is needed to work; to serve weights to more peers, forward TCP port "
+                    f"{port} on your router to this machine (and listen on a fixed port with --listen)",
+                )
+            )
         else:
-            checks.append(Check("reachable", WARN, f"unknown: no dial-back answered ({answers})",
-                                "try again; the bootstrap peers may be busy"))
+            checks.append(
+                Check(
+                    "reachable",
+                    WARN,
+                    f"unknown: no dial-back answered ({answers})",
+                    "try again; the bootstrap peers may be busy",
+                )
+            )
 
         checks.append(check_upnp(swarm.upnp, reach.status == PUBLIC, port))
 
@@ -191,12 +251,25 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
             assert swarm.relay is not None
             held = [r for r in [await swarm.relay.reserve(info) for info in answering[:2]] if r]
             if held:
-                checks.append(Check("relay", OK, "reservation held on relay " + ", ".join(
-                    r.relay for r in held) + ": peers behind other routers can reach this node through it"))
+                checks.append(
+                    Check(
+                        "relay",
+                        OK,
+                        "reservation held on relay "
+                        + ", ".join(r.relay for r in held)
+                        + ": peers behind other routers can reach this node through it",
+                    )
+                )
             else:
-                checks.append(Check("relay", WARN, "no bootstrap peer granted a relay reservation: only "
-                                    "peers this node dials itself can exchange weights with it",
-                                    "ask the swarm's operator to run a relay (echo-bootstrap runs one)"))
+                checks.append(
+                    Check(
+                        "relay",
+                        WARN,
+                        "no bootstrap peer granted a relay reservation: only "
+                        "peers this node dials itself can exchange weights with it",
+                        "ask the swarm's operator to run a relay (echo-bootstrap runs one)",
+                    )
+                )
         else:
             checks.append(Check("relay", OK, "not needed: other peers can dial this node"))
 
@@ -207,28 +280,45 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
                 checks.append(Check("hole punch", WARN, f"could not try ({type(exc).__name__})", ""))
             else:
                 if punch.reached:
-                    checks.append(Check("hole punch", OK, "a direct connection through your router "
-                                        "works: peers behind other home routers can reach you directly"))
+                    checks.append(
+                        Check(
+                            "hole punch",
+                            OK,
+                            "a direct connection through your router "
+                            "works: peers behind other home routers can reach you directly",
+                        )
+                    )
                 else:
-                    checks.append(Check("hole punch", WARN, f"failed ({punch.detail}): your router maps "
-                                        "ports unpredictably or refuses replies, so other NATed peers "
-                                        "reach you only through a relay",
-                                        "turn on UPnP or forward the port above on your router"))
+                    checks.append(
+                        Check(
+                            "hole punch",
+                            WARN,
+                            f"failed ({punch.detail}): your router maps "
+                            "ports unpredictably or refuses replies, so other NATed peers "
+                            "reach you only through a relay",
+                            "turn on UPnP or forward the port above on your router",
+                        )
+                    )
 
         size = record.total_size
         checks.append(check_memory(config, record.model_config))
         disk_dir = _existing_parent(config.data_dir)
         free = shutil.disk_usage(disk_dir).free
         need_disk = (config.keep_versions + 1) * size
-        checks.append(Check("disk", OK if free >= need_disk else FAIL,
-                            f"{config.keep_versions} versions need about {_mib(need_disk)}; "
-                            f"{_mib(free)} free at {disk_dir}",
-                            "" if free >= need_disk else "free some disk or pass --data-dir on a larger disk"))
+        checks.append(
+            Check(
+                "disk",
+                OK if free >= need_disk else FAIL,
+                f"{config.keep_versions} versions need about {_mib(need_disk)}; {_mib(free)} free at {disk_dir}",
+                "" if free >= need_disk else "free some disk or pass --data-dir on a larger disk",
+            )
+        )
 
         try:
             rate = await measure_upload(host, answering[0].peer_id, timeout_s)
-            checks.append(Check("upload", OK, f"about {rate / 1e6:.1f} MB/s ({rate * 8 / 1e6:.0f} Mbit/s) "
-                                "to a bootstrap peer"))
+            checks.append(
+                Check("upload", OK, f"about {rate / 1e6:.1f} MB/s ({rate * 8 / 1e6:.0f} Mbit/s) to a bootstrap peer")
+            )
         except Exception as exc:  # the probe failed: report, do not guess
             checks.append(Check("upload", WARN, f"could not measure ({type(exc).__name__})", ""))
     return checks

@@ -60,11 +60,14 @@ def check_assignment(work: WorkAssignment, limits: ModelLimits) -> None:
         raise Refused(f"temperature {work.temperature} is below {MIN_TEMPERATURE}")
     for prompt in work.prompts:
         if any(not 0 <= t < limits.vocab_size for t in prompt.tokens):
-            raise Refused(f"prompt {prompt.prompt_id} has token ids outside the vocabulary "
-                          f"(0..{limits.vocab_size - 1})")
+            raise Refused(
+                f"prompt {prompt.prompt_id} has token ids outside the vocabulary (0..{limits.vocab_size - 1})"
+            )
         if len(prompt.tokens) + work.max_new_tokens > limits.context:
-            raise Refused(f"prompt {prompt.prompt_id}: {len(prompt.tokens)} tokens plus "
-                          f"{work.max_new_tokens} new exceed the model's context of {limits.context}")
+            raise Refused(
+                f"prompt {prompt.prompt_id}: {len(prompt.tokens)} tokens plus "
+                f"{work.max_new_tokens} new exceed the model's context of {limits.context}"
+            )
     if any(not 0 <= t < limits.vocab_size for t in work.stop_token_ids):
         raise Refused("stop token ids outside the vocabulary")
 
@@ -79,8 +82,12 @@ ITEM_BYTES = {"F32": 4, "F16": 2, "BF16": 2}  # what a learner publishes
 # Config fields that size the model, each bounded well beyond any model a
 # volunteer runs (a 70B Llama has hidden 8192, 80 layers, vocab 128k).
 CONFIG_BOUNDS = {
-    "vocab_size": 2**20, "hidden_size": 2**16, "intermediate_size": 2**18,
-    "num_hidden_layers": 1024, "num_attention_heads": 1024, "max_position_embeddings": 2**20,
+    "vocab_size": 2**20,
+    "hidden_size": 2**16,
+    "intermediate_size": 2**18,
+    "num_hidden_layers": 1024,
+    "num_attention_heads": 1024,
+    "max_position_embeddings": 2**20,
 }
 
 
@@ -92,10 +99,11 @@ def weight_elements(weights: bytes) -> int:
         raise Refused("weights: shorter than a safetensors header")
     (n,) = struct.unpack("<Q", weights[:8])
     if n > MAX_HEADER_BYTES or 8 + n > len(weights):
-        raise Refused(f"weights: a safetensors header of {n} bytes (at most {MAX_HEADER_BYTES}, "
-                      f"inside a file of {len(weights)})")
+        raise Refused(
+            f"weights: a safetensors header of {n} bytes (at most {MAX_HEADER_BYTES}, inside a file of {len(weights)})"
+        )
     try:
-        header = json.loads(weights[8:8 + n])
+        header = json.loads(weights[8 : 8 + n])
     except (ValueError, UnicodeDecodeError) as exc:
         raise Refused(f"weights: the safetensors header is not JSON ({exc})") from None
     if not isinstance(header, dict) or len(header) > MAX_TENSORS:
@@ -114,8 +122,9 @@ def weight_elements(weights: bytes) -> int:
         except (KeyError, TypeError, ValueError) as exc:
             raise Refused(f"weights: tensor {name!r} has a malformed entry ({exc!r})") from None
         if not begin <= end <= data_bytes or end - begin != count * size:
-            raise Refused(f"weights: tensor {name!r} ({dtype} {shape}) does not match bytes "
-                          f"{begin}..{end} of {data_bytes}")
+            raise Refused(
+                f"weights: tensor {name!r} ({dtype} {shape}) does not match bytes {begin}..{end} of {data_bytes}"
+            )
         elements += count
     return elements
 

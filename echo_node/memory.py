@@ -54,8 +54,9 @@ class Need:
         return Need(self.weights + other.weights, self.cache + other.cache, self.buffers + other.buffers)
 
     def describe(self) -> str:
-        return (f"{gib(self.total)} (weights {gib(self.weights)}, KV cache {gib(self.cache)}, "
-                f"buffers {gib(self.buffers)})")
+        return (
+            f"{gib(self.total)} (weights {gib(self.weights)}, KV cache {gib(self.cache)}, buffers {gib(self.buffers)})"
+        )
 
 
 def gib(n: float) -> str:
@@ -131,9 +132,11 @@ def choose_dtype(shape: ModelShape, backend: str, asked: str, free: int) -> str:
         if need.total <= free:
             return dtype
     smaller = "" if backend == "llama" else " (llama.cpp runs it smaller: --backend llama --dtype auto)"
-    raise Refused(f"the job's model ({shape.parameters / 1e6:,.0f}M parameters) needs about "
-                  f"{need.describe()} with {backend} {dtype}; {gib(free)} is free "
-                  f"(--max-memory, less {gib(HEADROOM)} kept free){smaller}")
+    raise Refused(
+        f"the job's model ({shape.parameters / 1e6:,.0f}M parameters) needs about "
+        f"{need.describe()} with {backend} {dtype}; {gib(free)} is free "
+        f"(--max-memory, less {gib(HEADROOM)} kept free){smaller}"
+    )
 
 
 def fit_backend(backend: Backend, shape: ModelShape, free: int) -> Need:
@@ -156,6 +159,8 @@ def prompts_per_call(
     call fits ``free``. Raises ``Refused`` when not even one group fits."""
     one = call_need(shape, backend, group_size, prompt_tokens, new_tokens)
     if one.total > free:
-        raise Refused(f"one prompt's group of {group_size} x {new_tokens} tokens needs about "
-                      f"{one.describe()}; {gib(free)} is free")
+        raise Refused(
+            f"one prompt's group of {group_size} x {new_tokens} tokens needs about "
+            f"{one.describe()}; {gib(free)} is free"
+        )
     return max(1, min(prompts, free // max(one.total, 1)))

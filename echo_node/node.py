@@ -108,8 +108,15 @@ class Node:
         # DHT server mode: py-libp2p 0.8.1 adds every peer that queries it to
         # its routing table and then fails to query client-mode peers back.
         async with (
-            open_swarm(self.identity, cfg.listen, server=True, relay_hop=cfg.relay, relays=cfg.bootstrap,
-                       upnp=cfg.upnp, connections=cfg) as swarm,
+            open_swarm(
+                self.identity,
+                cfg.listen,
+                server=True,
+                relay_hop=cfg.relay,
+                relays=cfg.bootstrap,
+                upnp=cfg.upnp,
+                connections=cfg,
+            ) as swarm,
             trio.open_nursery() as nursery,
         ):
             self.swarm = swarm
@@ -148,13 +155,16 @@ class Node:
             assert self.learner is not None
             learner_id = self.learner.to_base58()
             self._fit_job()
-            store = VersionStore(
-                cfg.weights_dir(self.job_id), learner_id=learner_id, keep=cfg.keep_versions
-            )
+            store = VersionStore(cfg.weights_dir(self.job_id), learner_id=learner_id, keep=cfg.keep_versions)
             self.engine = BroadcastEngine(
-                swarm, store, job_id=self.job_id, learner_id=learner_id, is_seed=False,
+                swarm,
+                store,
+                job_id=self.job_id,
+                learner_id=learner_id,
+                is_seed=False,
                 config=BroadcastConfig(
-                    max_upload_mbit=cfg.max_upload_mbit, max_peers=cfg.max_peers,
+                    max_upload_mbit=cfg.max_upload_mbit,
+                    max_peers=cfg.max_peers,
                     max_version_bytes=int(cfg.max_disk_gb * 2**30 / (cfg.keep_versions + 1)),
                 ),
             )
@@ -191,8 +201,7 @@ class Node:
                     # say so (the first time, then every 100th) and ask again later.
                     refused += 1
                     if refused == 1 or refused % 100 == 0:
-                        event(log, logging.WARNING, "refused what the learner asked for", reason=exc,
-                              times=refused)
+                        event(log, logging.WARNING, "refused what the learner asked for", reason=exc, times=refused)
                     await trio.sleep(self._backoff_s(refused))
                     continue
                 except (RequestFailed, ProtocolError) as exc:
@@ -273,9 +282,7 @@ class Node:
                 "bootstrap peer was given: paste the invite the learner's operator gave you "
                 "(echo-node join echo1:...), or pass --bootstrap ADDR"
             )
-        raise NoLearnerFound(
-            f"no learner{' ' + wanted if wanted else ''} found in the DHT within {patience:.0f} s"
-        )
+        raise NoLearnerFound(f"no learner{' ' + wanted if wanted else ''} found in the DHT within {patience:.0f} s")
 
     async def relocate_learner(self) -> bool:
         """Look the learner up again in the DHT: a learner restarted on another
@@ -295,8 +302,7 @@ class Node:
             return False
         host.get_peerstore().clear_addrs(self.learner)
         host.get_peerstore().add_addrs(self.learner, info.addrs, 3600)
-        event(log, logging.WARNING, "the learner moved; trying its new address",
-              addrs=[str(a) for a in info.addrs])
+        event(log, logging.WARNING, "the learner moved; trying its new address", addrs=[str(a) for a in info.addrs])
         return True
 
     async def _try_learner(self, info: PeerInfo) -> bool:
@@ -338,8 +344,16 @@ class Node:
             await self.update_weights(0)
         await self._delay()
         ask = WorkRequest(
-            self.job_id, cfg.max_prompts, self.version, self.backend.name, self.backend.dtype, cfg.name,
-            self.reachability.status, self.backend.device.kind, self._free() // 2**20, round(self.tokens_per_s, 1),
+            self.job_id,
+            cfg.max_prompts,
+            self.version,
+            self.backend.name,
+            self.backend.dtype,
+            cfg.name,
+            self.reachability.status,
+            self.backend.device.kind,
+            self._free() // 2**20,
+            round(self.tokens_per_s, 1),
         )
         reply = await request(
             host, self.learner, work.PROTOCOL, lambda stream: work.ask(stream, ask), timeout_s=cfg.work_timeout_s
@@ -354,8 +368,15 @@ class Node:
             self._wanted = reply.version
             self._wanted_changed.set()
         prompt_ids = [p.prompt_id for p in reply.prompts]
-        event(log, logging.DEBUG, "assigned prompts", prompts=prompt_ids, version=reply.version,
-              min_version=reply.min_version, held=self.version)
+        event(
+            log,
+            logging.DEBUG,
+            "assigned prompts",
+            prompts=prompt_ids,
+            version=reply.version,
+            min_version=reply.min_version,
+            held=self.version,
+        )
         try:
             while self.version < reply.min_version:
                 # What we hold is outside the learner's window: fetch first. Each
@@ -425,15 +446,30 @@ class Node:
         assert self.backend is not None and self.record is not None
         free = self._free()
         need = fit_backend(self.backend, model_shape(self.record.model_config), free)
-        event(log, logging.INFO, "the job's model fits", backend=self.backend.name, dtype=self.backend.dtype,
-              device=self.backend.device.kind, need=need.describe(), free=gib(free))
+        event(
+            log,
+            logging.INFO,
+            "the job's model fits",
+            backend=self.backend.name,
+            dtype=self.backend.dtype,
+            device=self.backend.device.kind,
+            need=need.describe(),
+            free=gib(free),
+        )
 
     def _prompts_per_call(self, work: WorkAssignment) -> int:
         """How many of ``work``'s prompts to generate at once within free memory."""
         assert self.backend is not None and self.model_shape is not None
         longest = max(len(p.tokens) for p in work.prompts)
-        return prompts_per_call(self.model_shape, self.backend.name, len(work.prompts), work.group_size,
-                                longest, work.max_new_tokens, self._free())
+        return prompts_per_call(
+            self.model_shape,
+            self.backend.name,
+            len(work.prompts),
+            work.group_size,
+            longest,
+            work.max_new_tokens,
+            self._free(),
+        )
 
     def _prepare_version(self, version: int) -> Any:
         """Get ``version`` ready in the backend, every signed digest checked
@@ -483,8 +519,14 @@ class Node:
         if isinstance(reply, ErrorReply):
             raise RequestFailed(f"learner refused the batch: {reply.code}: {reply.message}")
         self._check_receipt(batch, reply)
-        event(log, logging.DEBUG, "batch delivered", prompts=[g.prompt_id for g in batch.groups],
-              version=batch.version, verdict=reply.verdict)
+        event(
+            log,
+            logging.DEBUG,
+            "batch delivered",
+            prompts=[g.prompt_id for g in batch.groups],
+            version=batch.version,
+            verdict=reply.verdict,
+        )
         self.rollouts_sent += sum(len(g.completions) for g in batch.groups)
         self._save_receipt(reply)
 
@@ -527,7 +569,10 @@ class Node:
         assert self.swarm is not None and self.learner is not None
         await self._delay()
         return await request(
-            self.swarm.host, self.learner, rollout.PROTOCOL, lambda stream: rollout.submit(stream, batch),
+            self.swarm.host,
+            self.learner,
+            rollout.PROTOCOL,
+            lambda stream: rollout.submit(stream, batch),
             timeout_s=self.config.request_timeout_s,
         )
 
@@ -539,7 +584,10 @@ class Node:
         while True:
             query = ReceiptQuery(self.job_id, after, page_size)
             page = await request(
-                self.swarm.host, self.learner, receipts.PROTOCOL, lambda stream: receipts.ask(stream, query),
+                self.swarm.host,
+                self.learner,
+                receipts.PROTOCOL,
+                lambda stream: receipts.ask(stream, query),
                 timeout_s=self.config.request_timeout_s,
             )
             if isinstance(page, ErrorReply):

@@ -20,8 +20,9 @@ async def download_newer(engine: BroadcastEngine, manifest: Manifest, held: int)
     """
     engine.want(manifest)
     start = time.monotonic()
-    bar = tqdm(total=len(manifest.chunk_hashes), desc=f"weights v{manifest.version}", unit="chunk",
-               disable=None, leave=False)
+    bar = tqdm(
+        total=len(manifest.chunk_hashes), desc=f"weights v{manifest.version}", unit="chunk", disable=None, leave=False
+    )
 
     def progress(held_chunks: int, peers: int) -> None:
         mb = held_chunks * manifest.chunk_size / 1e6

@@ -58,21 +58,35 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         help_text = f"{f.metadata['help']} (default: {default})"
         if kind is bool:
             parser.add_argument(
-                _flag(f), dest=f.name, default=None, action=argparse.BooleanOptionalAction,
+                _flag(f),
+                dest=f.name,
+                default=None,
+                action=argparse.BooleanOptionalAction,
                 help=help_text,
             )
         elif kind == list[str]:
             parser.add_argument(
-                _flag(f), dest=f.name, default=None, action="append", metavar="VALUE",
+                _flag(f),
+                dest=f.name,
+                default=None,
+                action="append",
+                metavar="VALUE",
                 help=help_text + "; repeat the flag for several",
             )
         else:
             parser.add_argument(
-                _flag(f), dest=f.name, default=None, metavar=f.name.upper(), help=help_text,
+                _flag(f),
+                dest=f.name,
+                default=None,
+                metavar=f.name.upper(),
+                help=help_text,
                 choices=f.metadata["choices"] or None,
             )
     parser.add_argument(
-        "--config", type=Path, default=None, metavar="FILE",
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
         help="TOML file with settings (flags and env vars override it)",
     )
 

@@ -96,8 +96,14 @@ class InboundGate:
             if key is not None and self.open[key] >= self.per_ip:
                 self.refused += 1
                 if self.refused == 1 or self.refused % 1000 == 0:
-                    event(log, logging.WARNING, "refusing inbound connections beyond the per-address cap",
-                          address=key, cap=self.per_ip, refused=self.refused)
+                    event(
+                        log,
+                        logging.WARNING,
+                        "refusing inbound connections beyond the per-address cap",
+                        address=key,
+                        cap=self.per_ip,
+                        refused=self.refused,
+                    )
                 await stream.close()
                 return
             if key is not None:

@@ -37,9 +37,7 @@ def _is_eof(exc: BaseException) -> bool:
     return isinstance(exc, StreamError)
 
 
-async def _read_exactly(
-    stream: ByteStream, n: int, on_progress: Callable[[int], None] | None = None
-) -> bytes:
+async def _read_exactly(stream: ByteStream, n: int, on_progress: Callable[[int], None] | None = None) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         try:
@@ -57,9 +55,7 @@ async def _read_exactly(
     return bytes(buf)
 
 
-async def read_frame(
-    stream: ByteStream, max_size: int, on_progress: Callable[[int], None] | None = None
-) -> bytes:
+async def read_frame(stream: ByteStream, max_size: int, on_progress: Callable[[int], None] | None = None) -> bytes:
     """Read one frame; ``MessageTooLarge`` if it announces more than ``max_size``.
 
     ``on_progress(n)`` is called as each piece of ``n`` bytes arrives (stall

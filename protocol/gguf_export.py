@@ -56,17 +56,19 @@ def _tensor_names(layers: int) -> dict[str, str]:
     }
     for i in range(layers):
         hf, gg = f"model.layers.{i}.", f"blk.{i}."
-        names.update({
-            hf + "input_layernorm.weight": gg + "attn_norm.weight",
-            hf + "self_attn.q_proj.weight": gg + "attn_q.weight",
-            hf + "self_attn.k_proj.weight": gg + "attn_k.weight",
-            hf + "self_attn.v_proj.weight": gg + "attn_v.weight",
-            hf + "self_attn.o_proj.weight": gg + "attn_output.weight",
-            hf + "post_attention_layernorm.weight": gg + "ffn_norm.weight",
-            hf + "mlp.gate_proj.weight": gg + "ffn_gate.weight",
-            hf + "mlp.up_proj.weight": gg + "ffn_up.weight",
-            hf + "mlp.down_proj.weight": gg + "ffn_down.weight",
-        })
+        names.update(
+            {
+                hf + "input_layernorm.weight": gg + "attn_norm.weight",
+                hf + "self_attn.q_proj.weight": gg + "attn_q.weight",
+                hf + "self_attn.k_proj.weight": gg + "attn_k.weight",
+                hf + "self_attn.v_proj.weight": gg + "attn_v.weight",
+                hf + "self_attn.o_proj.weight": gg + "attn_output.weight",
+                hf + "post_attention_layernorm.weight": gg + "ffn_norm.weight",
+                hf + "mlp.gate_proj.weight": gg + "ffn_gate.weight",
+                hf + "mlp.up_proj.weight": gg + "ffn_up.weight",
+                hf + "mlp.down_proj.weight": gg + "ffn_down.weight",
+            }
+        )
     return names
 
 
@@ -140,11 +142,13 @@ def _add_hyperparameters(writer: gguf.GGUFWriter, config: dict, dtype: str) -> N
     writer.add_rope_freq_base(float(rope.get("rope_theta", config.get("rope_theta", 10000.0))))
     writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
     writer.add_vocab_size(config["vocab_size"])
-    writer.add_file_type({
-        "f32": gguf.LlamaFileType.ALL_F32,
-        "f16": gguf.LlamaFileType.MOSTLY_F16,
-        "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-    }[dtype])
+    writer.add_file_type(
+        {
+            "f32": gguf.LlamaFileType.ALL_F32,
+            "f16": gguf.LlamaFileType.MOSTLY_F16,
+            "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+        }[dtype]
+    )
 
 
 def _add_vocabulary(writer: gguf.GGUFWriter, config: dict) -> None:

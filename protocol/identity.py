@@ -96,9 +96,7 @@ def load(path: Path) -> Identity:
     except OSError as exc:
         raise KeyFileError(f"cannot read key file {path}: {exc.strerror}") from None
     if mode & 0o077:
-        raise KeyFileError(
-            f"key file {path} is readable by others (mode {mode:o}); run: chmod 600 {path}"
-        )
+        raise KeyFileError(f"key file {path} is readable by others (mode {mode:o}); run: chmod 600 {path}")
     try:
         seed = bytes.fromhex(text)
     except ValueError:

@@ -95,8 +95,9 @@ async def lan_peers(host: IHost) -> AsyncIterator[trio.MemoryReceiveChannel[Peer
 
     txt, addrs, ips, port = _announced(host)
     name = f"{secrets.token_hex(16)}.{SERVICE}"
-    record = ServiceInfo(SERVICE, name, port=port or 4001, properties=txt, addresses=ips,
-                         server=f"{name.split('.')[0]}.local.")
+    record = ServiceInfo(
+        SERVICE, name, port=port or 4001, properties=txt, addresses=ips, server=f"{name.split('.')[0]}.local."
+    )
     zc = await trio.to_thread.run_sync(Zeroconf)
     try:
         await trio.to_thread.run_sync(zc.register_service, record)

@@ -66,9 +66,7 @@ def build(
         base_version=-1 if update is None else update.base.version,
         base_digest=b"" if update is None else codec.digest(update.base),
         # An adapter is checked as itself: its merge rounds on the node's hardware.
-        weights_digest=hashlib.sha256(
-            payload if update is not None and update.format == LORA else weights
-        ).digest(),
+        weights_digest=hashlib.sha256(payload if update is not None and update.format == LORA else weights).digest(),
         total_size=len(payload),
         chunk_size=chunk_size,
         chunk_hashes=tuple(hashlib.sha256(c).digest() for c in chunks),
@@ -90,12 +88,8 @@ def check(manifest: Manifest, learner_id: str | None = None) -> None:
         raise DecodeError(f"manifest names learner {manifest.learner_id}, expected {signer}")
     expected_chunks = -(-manifest.total_size // manifest.chunk_size)
     if len(manifest.chunk_hashes) != expected_chunks:
-        raise DecodeError(
-            f"manifest lists {len(manifest.chunk_hashes)} chunks, size implies {expected_chunks}"
-        )
-    if (manifest.format == FULL) != (manifest.base_version == -1) or (
-        manifest.base_version >= manifest.version
-    ):
+        raise DecodeError(f"manifest lists {len(manifest.chunk_hashes)} chunks, size implies {expected_chunks}")
+    if (manifest.format == FULL) != (manifest.base_version == -1) or (manifest.base_version >= manifest.version):
         raise DecodeError(
             f"manifest v{manifest.version} of format {manifest.format} names base v{manifest.base_version}"
         )
@@ -108,7 +102,5 @@ def check_chunk(manifest: Manifest, index: int, data: bytes) -> None:
     """Raise ``ChunkHashMismatch`` unless ``data`` is exactly chunk ``index``."""
     if not 0 <= index < len(manifest.chunk_hashes):
         raise ChunkHashMismatch(f"chunk {index} not in manifest v{manifest.version}")
-    if len(data) != chunk_len(manifest, index) or (
-        hashlib.sha256(data).digest() != manifest.chunk_hashes[index]
-    ):
+    if len(data) != chunk_len(manifest, index) or (hashlib.sha256(data).digest() != manifest.chunk_hashes[index]):
         raise ChunkHashMismatch(f"chunk {index} of v{manifest.version} does not match its hash")

@@ -125,12 +125,19 @@ class Reachability:
     dialled: list[str] = field(default_factory=list)  # addresses a server reached us at
 
     def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "answers": self.answers, "checked_unix": self.checked_unix,
-                "dialled": self.dialled}
+        return {
+            "status": self.status,
+            "answers": self.answers,
+            "checked_unix": self.checked_unix,
+            "dialled": self.dialled,
+        }
 
     def describe(self) -> str:
-        return {PUBLIC: "public (dialable from the internet)", PRIVATE: "behind NAT or a firewall",
-                UNKNOWN: "unknown (no dial-back answered)"}[self.status]
+        return {
+            PUBLIC: "public (dialable from the internet)",
+            PRIVATE: "behind NAT or a firewall",
+            UNKNOWN: "unknown (no dial-back answered)",
+        }[self.status]
 
 
 async def check_reachability(host: IHost, servers: Sequence[ID], timeout_s: float) -> Reachability:
@@ -172,4 +179,3 @@ async def check_reachability(host: IHost, servers: Sequence[ID], timeout_s: floa
         result.status = PRIVATE
     result.checked_unix = time.time()
     return result
-

@@ -174,12 +174,9 @@ class RelayClient:
             event(log, logging.INFO, "relay refused a reservation", relay=relay_id)
             return None
         expires = float(self._transport._reservations.get(info.peer_id, 0)) or time.time() + 60
-        relay_addrs = [str(a) for a in info.addrs if not str(a).startswith("/ip4/127.")] or [
-            str(a) for a in info.addrs
-        ]
+        relay_addrs = [str(a) for a in info.addrs if not str(a).startswith("/ip4/127.")] or [str(a) for a in info.addrs]
         addrs = [f"{_without_p2p(a)}/p2p/{relay_id}/p2p-circuit" for a in relay_addrs]
-        event(log, logging.WARNING, "holding a relay reservation", relay=relay_id,
-              ttl_s=round(expires - time.time()))
+        event(log, logging.WARNING, "holding a relay reservation", relay=relay_id, ttl_s=round(expires - time.time()))
         return Reservation(relay_id, time.time(), expires, addrs)
 
     async def dial(self, addr: multiaddr.Multiaddr) -> None:
@@ -187,9 +184,7 @@ class RelayClient:
         await self._transport.dial(addr)
 
     def _publish_addrs(self) -> None:
-        self.advertised[:] = [
-            multiaddr.Multiaddr(a) for res in self.reservations.values() for a in res.addrs
-        ]
+        self.advertised[:] = [multiaddr.Multiaddr(a) for res in self.reservations.values() for a in res.addrs]
 
     def to_json(self) -> list[dict[str, Any]]:
         now = time.time()

@@ -92,9 +92,7 @@ class Bytes(Checker):
         if type(value) is not bytes:
             raise DecodeError(f"{where}: expected bytes, got {type(value).__name__}")
         if not self.min_len <= len(value) <= self.max_len:
-            raise DecodeError(
-                f"{where}: length {len(value)} outside [{self.min_len}, {self.max_len}]"
-            )
+            raise DecodeError(f"{where}: length {len(value)} outside [{self.min_len}, {self.max_len}]")
         return value
 
 
@@ -109,9 +107,7 @@ class ListOf(Checker):
         if type(value) is not list:
             raise DecodeError(f"{where}: expected list, got {type(value).__name__}")
         if not self.min_len <= len(value) <= self.max_len:
-            raise DecodeError(
-                f"{where}: {len(value)} items outside [{self.min_len}, {self.max_len}]"
-            )
+            raise DecodeError(f"{where}: {len(value)} items outside [{self.min_len}, {self.max_len}]")
         # Rollouts carry thousands of token ids and log-probs: check them
         # without building a location string per item, and only on failure
         # go through again to name the offending one.

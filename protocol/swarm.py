@@ -148,9 +148,7 @@ async def announce(swarm: Swarm, key: str, timeout_s: float, count: int = 8) -> 
     return took
 
 
-async def find_providers(
-    swarm: Swarm, key: str, timeout_s: float, count: int = 8
-) -> dict[str, PeerInfo]:
+async def find_providers(swarm: Swarm, key: str, timeout_s: float, count: int = 8) -> dict[str, PeerInfo]:
     """Every provider of ``key`` that this peer or its ``count`` closest DHT peers know.
 
     py-libp2p 0.8.1's ``find_providers`` answers from the local provider store
@@ -172,9 +170,7 @@ async def find_providers(
         async def ask(peer: ID) -> None:
             with trio.move_on_after(timeout_s):
                 try:
-                    providers, _ = await dht.provider_store._get_providers_from_peer_with_closers(
-                        peer, key_bytes
-                    )
+                    providers, _ = await dht.provider_store._get_providers_from_peer_with_closers(peer, key_bytes)
                 except (SwarmException, OSError, StreamError) as exc:
                     event(log, logging.DEBUG, "provider query failed", peer=peer, error=exc)
                     return
@@ -221,8 +217,11 @@ async def open_swarm(
     relayed_addrs: list[multiaddr.Multiaddr] = []
     public_addrs: list[multiaddr.Multiaddr] = []
     host = make_host(
-        identity, listen, lambda: [*public_addrs, *relayed_addrs],
-        connections=connection_config(connections), gate=InboundGate(connections.connections_per_ip),
+        identity,
+        listen,
+        lambda: [*public_addrs, *relayed_addrs],
+        connections=connection_config(connections),
+        gate=InboundGate(connections.connections_per_ip),
     )
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(host.run([parse_multiaddr(a) for a in listen]))
@@ -248,8 +247,12 @@ async def open_swarm(
             return list((await find_providers(swarm, RELAY_DIRECTORY_KEY, RELAY_TIMEOUT_S)).values())
 
         swarm.relay = RelayClient(
-            host, circuits, [parse_peer_addr(a) for a in relays], RELAY_TIMEOUT_S,
-            find_more=find_relays, advertised=relayed_addrs,
+            host,
+            circuits,
+            [parse_peer_addr(a) for a in relays],
+            RELAY_TIMEOUT_S,
+            find_more=find_relays,
+            advertised=relayed_addrs,
         )
         if answer_probes:
             dialer = make_host(Identity.generate(), [])

@@ -85,9 +85,7 @@ class PortMapper:
         mapped = []
         for port in self.ports:
             try:
-                self._gateway.addportmapping(
-                    port, "TCP", self._gateway.lanaddr, port, DESCRIPTION, "", self.lease_s
-                )
+                self._gateway.addportmapping(port, "TCP", self._gateway.lanaddr, port, DESCRIPTION, "", self.lease_s)
                 mapped.append(port)
             except Exception as exc:
                 self.state = f"the gateway refused to forward TCP port {port} ({exc})"

@@ -27,9 +27,28 @@ from localswarm import SwarmError, local_swarm  # noqa: E402
 # The real job of bench/learning.py (docs/tasks.md, "A real job"), shorter.
 REAL_TASK = "math:basic_arithmetic:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
 REAL_LEARNER = (
-    "--model", "smollm2", "--task", REAL_TASK, "--temperature", "0.7", "--lr", "3e-5",
-    "--group-size", "8", "--prompts-per-step", "4", "--prompts-per-request", "1",
-    "--max-new-tokens", "64", "--torch-threads", "2", "--eval-every", "5", "--eval-prompts", "32",
+    "--model",
+    "smollm2",
+    "--task",
+    REAL_TASK,
+    "--temperature",
+    "0.7",
+    "--lr",
+    "3e-5",
+    "--group-size",
+    "8",
+    "--prompts-per-step",
+    "4",
+    "--prompts-per-request",
+    "1",
+    "--max-new-tokens",
+    "64",
+    "--torch-threads",
+    "2",
+    "--eval-every",
+    "5",
+    "--eval-prompts",
+    "32",
 )
 REAL_BACKENDS = ("llama", "torch")
 
@@ -50,13 +69,15 @@ def heldout(data_dir: Path) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--real", action="store_true",
-                        help="SmolLM2-135M-Instruct on two-term sums, a llama.cpp and a torch node")
+    parser.add_argument(
+        "--real", action="store_true", help="SmolLM2-135M-Instruct on two-term sums, a llama.cpp and a torch node"
+    )
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: 150; --real: 15)")
     parser.add_argument("--nodes", type=int, default=None, help="volunteer nodes (default: 3; --real: 2)")
     parser.add_argument("--dir", type=Path, default=Path("demo-data"), help="logs and state")
-    parser.add_argument("--timeout-s", type=float, default=None,
-                        help="give up after this long (default: 600; --real: 1800)")
+    parser.add_argument(
+        "--timeout-s", type=float, default=None, help="give up after this long (default: 600; --real: 1800)"
+    )
     args = parser.parse_args()
     steps = args.steps or (15 if args.real else 150)
     nodes = args.nodes or (2 if args.real else 3)
@@ -78,10 +99,13 @@ def main() -> int:
         # Held-out accuracy only for the real job: the toy task's 4-token
         # budget leaves no room for the eos that a fully right answer needs.
         columns = [
-            TextColumn("[bold]training"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
+            TextColumn("[bold]training"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} steps"),
             TextColumn("reward {task.fields[reward]}"),
             *([TextColumn("held-out {task.fields[heldout]}")] if args.real else []),
-            TextColumn("rollouts {task.fields[rollouts]}"), TimeElapsedColumn(),
+            TextColumn("rollouts {task.fields[rollouts]}"),
+            TimeElapsedColumn(),
         ]
         # In a terminal a live bar; in a log (CI, a pipe) a line per step.
         with Progress(*columns, disable=not sys.stdout.isatty()) as progress:
@@ -99,8 +123,13 @@ def main() -> int:
                     m = metrics[-1]
                     shown = m["step"]
                     reward = f"{mean([x['reward_mean'] for x in metrics[-5:]]):.3f}"
-                    progress.update(bar, completed=shown + 1, reward=reward, heldout=heldout(learner_dir),
-                                    rollouts=m["rollouts_accepted"])
+                    progress.update(
+                        bar,
+                        completed=shown + 1,
+                        reward=reward,
+                        heldout=heldout(learner_dir),
+                        rollouts=m["rollouts_accepted"],
+                    )
                     if progress.disable:
                         scored = f"held-out {heldout(learner_dir)}  " if args.real else ""
                         print(

@@ -78,8 +78,17 @@ class LocalSwarm:
     def start_learner(self, *extra: str) -> subprocess.Popen:
         return self._spawn(
             "learner",
-            ["echo_learner", "run", "--bootstrap", self.bootstrap_addr, "--listen", self.listen,
-             "--data-dir", str(self.root / "learner"), *extra],
+            [
+                "echo_learner",
+                "run",
+                "--bootstrap",
+                self.bootstrap_addr,
+                "--listen",
+                self.listen,
+                "--data-dir",
+                str(self.root / "learner"),
+                *extra,
+            ],
         )
 
     def start_node(self, index: int, *extra: str, invite: str = "") -> subprocess.Popen:
@@ -87,15 +96,16 @@ class LocalSwarm:
         how = [invite] if invite else ["--bootstrap", self.bootstrap_addr]
         return self._spawn(
             f"node{index}",
-            ["echo_node", "join", *how, "--listen", self.listen,
-             "--data-dir", str(self.root / f"node{index}"), *extra],
+            ["echo_node", "join", *how, "--listen", self.listen, "--data-dir", str(self.root / f"node{index}"), *extra],
         )
 
     def run(self, name: str, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
         """Run a command (``python -m ARGS``) to completion on ``name``'s machine."""
         return subprocess.run(
             [*self.machine.get(name, []), sys.executable, "-m", *args],
-            capture_output=True, text=True, timeout=timeout_s,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
         )
 
     def metrics(self) -> list[dict]:

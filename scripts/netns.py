@@ -148,8 +148,9 @@ class Topology:
         # Unsolicited packets from the internet are dropped without an answer,
         # as consumer routers do; replies to what the LAN sent pass.
         for chain in ("INPUT", "FORWARD"):
-            self._in(ns, "iptables", "-A", chain, "-i", "wan", "-m", "conntrack",
-                     "--ctstate", "NEW,INVALID", "-j", "DROP")
+            self._in(
+                ns, "iptables", "-A", chain, "-i", "wan", "-m", "conntrack", "--ctstate", "NEW,INVALID", "-j", "DROP"
+            )
         home = self.homes[name] = Home(name, ns, wan_ip, lan, strict, upnp=upnp)
         if upnp:
             self._run_upnp(home)
@@ -167,8 +168,7 @@ class Topology:
             ["iptables-legacy", "-t", "nat", "-A", "POSTROUTING", "-o", "wan", "-j", "MINIUPNPD-POSTROUTING"],
             ["iptables-legacy", "-N", "MINIUPNPD"],
             ["iptables-legacy", "-A", "FORWARD", "-i", "wan", "-j", "MINIUPNPD"],
-            ["iptables", "-I", "FORWARD", "1", "-i", "wan", "-m", "conntrack", "--ctstate", "DNAT",
-             "-j", "ACCEPT"],
+            ["iptables", "-I", "FORWARD", "1", "-i", "wan", "-m", "conntrack", "--ctstate", "DNAT", "-j", "ACCEPT"],
         ):
             self._in(home.ns, *argv)
         conf = Path(tempfile.mkdtemp(prefix=f"{home.ns}-")) / "miniupnpd.conf"
@@ -185,7 +185,8 @@ class Topology:
         )
         daemon = subprocess.Popen(
             ["ip", "netns", "exec", home.ns, "miniupnpd", "-d", "-f", str(conf)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         self._daemons.append((daemon, conf.parent))
 
@@ -208,8 +209,22 @@ class Topology:
 
     def cap_upload(self, name: str, mbit: float) -> None:
         """Limit what machine ``name`` sends to ``mbit`` Mbit/s (token bucket on its NIC)."""
-        self._in(self.machines[name].ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
-                 "rate", f"{mbit}mbit", "burst", "64kb", "latency", "400ms")
+        self._in(
+            self.machines[name].ns,
+            "tc",
+            "qdisc",
+            "replace",
+            "dev",
+            "eth0",
+            "root",
+            "tbf",
+            "rate",
+            f"{mbit}mbit",
+            "burst",
+            "64kb",
+            "latency",
+            "400ms",
+        )
 
     # --- using --------------------------------------------------------------
 

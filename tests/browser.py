@@ -16,8 +16,14 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 # Without the background-networking flags Chromium keeps dialling Google's
 # hosts, which this machine's closed network refuses.
 FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-quic",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-quic",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
     "--window-size=1280,1400",
 ]
 

@@ -50,9 +50,12 @@ def forge(node, batch, work):
     out = []
     for _ in range(3):
         groups = tuple(
-            dataclasses.replace(g, completions=tuple(
-                Completion(c.tokens, tuple(max(lp - 0.5, -1e4) for lp in c.logprobs)) for c in g.completions
-            ))
+            dataclasses.replace(
+                g,
+                completions=tuple(
+                    Completion(c.tokens, tuple(max(lp - 0.5, -1e4) for lp in c.logprobs)) for c in g.completions
+                ),
+            )
             for g in batch.groups
         )
         out.append(resign(node, batch, groups=groups, nonce=os.urandom(16)))
@@ -143,8 +146,13 @@ async def test_dishonest_nodes_are_refused_and_honest_ones_are_not(swarm_factory
             # The forger struck three times: it is banned from work too.
             forger = adversaries["forge"]
             reply = await request(
-                forger.swarm.host, forger.learner, work.PROTOCOL,
-                lambda stream: work.ask(stream, WorkRequest(forger.job_id, 4, forger.version, "torch", "f32", "", "unknown", "cpu", 0, 0.0)), timeout_s=30,
+                forger.swarm.host,
+                forger.learner,
+                work.PROTOCOL,
+                lambda stream: work.ask(
+                    stream, WorkRequest(forger.job_id, 4, forger.version, "torch", "f32", "", "unknown", "cpu", 0, 0.0)
+                ),
+                timeout_s=30,
             )
             assert isinstance(reply, ErrorReply) and reply.code == "banned"
             nursery.cancel_scope.cancel()
@@ -169,9 +177,7 @@ async def test_dishonest_nodes_are_refused_and_honest_ones_are_not(swarm_factory
 
     db = sqlite3.connect(swarm.root / "learner" / "ledger.sqlite")
     for name, adv in adversaries.items():
-        rows = db.execute(
-            "SELECT reason, credit FROM verdicts WHERE peer = ? ORDER BY id", (adv.me,)
-        ).fetchall()
+        rows = db.execute("SELECT reason, credit FROM verdicts WHERE peer = ? ORDER BY id", (adv.me,)).fetchall()
         assert [r for r, _ in rows] == ATTACKS[name][1], name
         assert all(credit == 0 for reason, credit in rows if reason != "ok"), name
     # The impersonated node was not charged with the forgery, and no honest

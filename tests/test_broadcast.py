@@ -59,9 +59,7 @@ def test_stalled_peer_requests_are_reissued(broadcast_swarm):
 
 def test_node_killed_mid_download_resumes_from_disk(broadcast_swarm):
     # 8 MiB at 16 Mbit/s: the download takes about 4 s, time enough to kill it.
-    seed, seed_id = start_seed(
-        broadcast_swarm, "--size-mib", "8", "--upload-mbit", "16", "--chunk-kib", "1024"
-    )
+    seed, seed_id = start_seed(broadcast_swarm, "--size-mib", "8", "--upload-mbit", "16", "--chunk-kib", "1024")
     node, _ = start_node(broadcast_swarm, "node", seed_id)
     wait_until([seed, node], lambda: (node.last("neighbours") or {}).get("n") == 1, 60)
     seed.send("publish")

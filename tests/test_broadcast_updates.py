@@ -44,8 +44,7 @@ def test_tampered_update_chunk_is_caught_and_its_sender_struck(broadcast_swarm):
     seed.send("publish")  # v1, an update against v0, which the honest node holds
     wait_until([seed, evil], lambda: complete(evil, 1), 60)
 
-    again, _ = start_node(broadcast_swarm, "honest-again", seed_id,
-                          "--data-dir", str(broadcast_swarm.root / "honest"))
+    again, _ = start_node(broadcast_swarm, "honest-again", seed_id, "--data-dir", str(broadcast_swarm.root / "honest"))
     wait_until([seed, evil, again], lambda: complete(again, 1), 90)
     done = completed(again)[1]
     assert done["exact"] and done["format"] == "delta"

@@ -17,9 +17,7 @@ COMMANDS = {
 
 
 def run(*args, timeout=60):
-    return subprocess.run(
-        [sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("module", COMMANDS)
@@ -42,8 +40,10 @@ def test_help_explains(module):
         (["echo_learner", "run", "--steps", "many"], "not a valid int"),
         (["echo_learner", "run", "--task", "chess"], "no task family 'chess'"),
         (["echo_learner", "run", "--task", "rg:basic_arithmetic"], "do not fit"),
-        (["echo_learner", "run", "--prompts-per-request", "256", "--group-size", "64", "--max-new-tokens", "100"],
-         "over the rollout frame limit"),
+        (
+            ["echo_learner", "run", "--prompts-per-request", "256", "--group-size", "64", "--max-new-tokens", "100"],
+            "over the rollout frame limit",
+        ),
         (["echo_learner", "run", "--temperature", "0"], "outside"),
         (["bootstrap", "--listen", "/ip4/nonsense"], "not a multiaddr"),
         (["echo_learner", "run", "--mode", "eventually"], "invalid choice"),
@@ -56,28 +56,35 @@ def test_help_explains(module):
         (["echo_node", "credits", "--bootstrap", DEAD], "no node identity"),
         (["echo_node", "join", "--bootstrap", DEAD, "--backend", "cuda"], "invalid choice"),
         (["echo_node", "join", "--bootstrap", DEAD, "--dtype", "q2"], "invalid choice"),
-        (["echo_node", "join", "--bootstrap", DEAD, "--backend", "torch", "--dtype", "q8_0"],
-         "torch backend runs f32, bf16 or f16"),
-        (["echo_node", "join", "--bootstrap", DEAD, "--backend", "llama", "--dtype", "bf16"],
-         "llama.cpp backend runs f32, f16 or q8_0"),
+        (
+            ["echo_node", "join", "--bootstrap", DEAD, "--backend", "torch", "--dtype", "q8_0"],
+            "torch backend runs f32, bf16 or f16",
+        ),
+        (
+            ["echo_node", "join", "--bootstrap", DEAD, "--backend", "llama", "--dtype", "bf16"],
+            "llama.cpp backend runs f32, f16 or q8_0",
+        ),
         (["echo_learner", "run", "--model", "/no/such/model.gguf"], "not a Hugging Face model directory"),
         (["echo_node", "join", "--bootstrap", DEAD, "--name", "x" * 33], "at most 32"),
         (["echo_node", "join", "--bootstrap", DEAD, "--device", "tpu"], "invalid choice"),
         (["echo_node", "join", "--bootstrap", DEAD, "--threads", "-1"], "outside"),
         (["echo_node", "join", "--bootstrap", DEAD, "--max-memory", "-2"], "outside"),
         # This machine has no GPU (CI's neither): asking for one says what to install.
-        (["echo_node", "join", "--bootstrap", DEAD, "--backend", "torch", "--device", "cuda"],
-         "it needs a CUDA build of torch"),
-        (["echo_node", "join", "--bootstrap", DEAD, "--backend", "torch", "--device", "vulkan"],
-         "torch does not run on Vulkan"),
+        (
+            ["echo_node", "join", "--bootstrap", DEAD, "--backend", "torch", "--device", "cuda"],
+            "it needs a CUDA build of torch",
+        ),
+        (
+            ["echo_node", "join", "--bootstrap", DEAD, "--backend", "torch", "--device", "vulkan"],
+            "torch does not run on Vulkan",
+        ),
         (["echo_learner", "run", "--device", "cuda"], "it needs a CUDA build of torch"),
         (["echo_learner", "run", "--device", "vulkan"], "invalid choice"),
         (["echo_learner", "eval", "--base", "--device", "cuda"], "it needs a CUDA build of torch"),
     ],
 )
 def test_bad_arguments_give_one_line(args, message, tmp_path):
-    out = run(*args, "--data-dir" if args[0] != "bootstrap" else "--identity",
-              str(tmp_path / "x"))
+    out = run(*args, "--data-dir" if args[0] != "bootstrap" else "--identity", str(tmp_path / "x"))
     assert out.returncode == 2
     assert message in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
@@ -94,8 +101,7 @@ def test_node_with_bad_bootstrap_address(tmp_path):
 
 
 def test_node_with_unreachable_bootstrap(tmp_path):
-    out = run("echo_node", "join", "--bootstrap", DEAD, "--data-dir", str(tmp_path),
-              "--bootstrap-timeout-s", "2")
+    out = run("echo_node", "join", "--bootstrap", DEAD, "--data-dir", str(tmp_path), "--bootstrap-timeout-s", "2")
     assert out.returncode == 2
     assert "no bootstrap peer answered" in out.stderr
 

@@ -77,13 +77,22 @@ def test_learner_survives_sigkill_and_resumes(swarm_factory, tmp_path):
     swarm = swarm_factory
     swarm.start_bootstrap()
     port = free_port()
-    args = ("--mode", "async", "--staleness", "2", "--steps", "100000",
-            "--checkpoint-every", str(CHECKPOINT_EVERY))
+    args = ("--mode", "async", "--staleness", "2", "--steps", "100000", "--checkpoint-every", str(CHECKPOINT_EVERY))
     # The same address after the restart, as an operator would run it.
-    learner = swarm._spawn("learner", [
-        "echo_learner", "run", "--bootstrap", swarm.bootstrap_addr,
-        "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--data-dir", str(swarm.root / "learner"), *args,
-    ])
+    learner = swarm._spawn(
+        "learner",
+        [
+            "echo_learner",
+            "run",
+            "--bootstrap",
+            swarm.bootstrap_addr,
+            "--listen",
+            f"/ip4/127.0.0.1/tcp/{port}",
+            "--data-dir",
+            str(swarm.root / "learner"),
+            *args,
+        ],
+    )
     for i in range(2):
         swarm.start_node(i)
     log = swarm.root / "learner.log"
@@ -103,8 +112,11 @@ def test_learner_survives_sigkill_and_resumes(swarm_factory, tmp_path):
         assert p["device"] == "cpu" and p["memory_mib"] > 0 and p["tokens_per_s"] > 0, p
     text = cli("-m", "echo_learner", "status", "--data-dir", data_dir)
     assert "utilization" in text and f"bootstrap  {swarm.bootstrap_addr}: answers (" in text
-    for path, key in (("/api/history?limit=5", "steps"), ("/api/ledger", "contributors"),
-                      (f"/api/receipts?peer={min(node_ids)}", "receipts")):
+    for path, key in (
+        ("/api/history?limit=5", "steps"),
+        ("/api/ledger", "contributors"),
+        (f"/api/receipts?peer={min(node_ids)}", "receipts"),
+    ):
         code, body = get(url + path)
         assert code == 200 and body[key], path
     assert get(url + "/api/refusals") == (200, {"refusals": []})  # only honest nodes here
@@ -122,21 +134,36 @@ def test_learner_survives_sigkill_and_resumes(swarm_factory, tmp_path):
     killed_at_version = steps_before[-1]["version"]
     checkpoint = torch.load(swarm.root / "learner" / "checkpoint.pt", weights_only=True)
     assert checkpoint["step"] % CHECKPOINT_EVERY == 0 and checkpoint["step"] <= len(steps_before)
-    print(f"killed at step {len(steps_before)}, version {killed_at_version}; "
-          f"checkpoint step {checkpoint['step']}; ledger rows {len(rows_before)}; "
-          f"receipts held by nodes {len(receipts_before)}")
+    print(
+        f"killed at step {len(steps_before)}, version {killed_at_version}; "
+        f"checkpoint step {checkpoint['step']}; ledger rows {len(rows_before)}; "
+        f"receipts held by nodes {len(receipts_before)}"
+    )
 
     # --- restart with --resume ---------------------------------------------------------
     restarted = time.monotonic()
-    learner = swarm._spawn("learner", [
-        "echo_learner", "run", "--bootstrap", swarm.bootstrap_addr,
-        "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--data-dir", data_dir, "--resume", *args,
-    ])
+    learner = swarm._spawn(
+        "learner",
+        [
+            "echo_learner",
+            "run",
+            "--bootstrap",
+            swarm.bootstrap_addr,
+            "--listen",
+            f"/ip4/127.0.0.1/tcp/{port}",
+            "--data-dir",
+            data_dir,
+            "--resume",
+            *args,
+        ],
+    )
     log = swarm.root / "learner.log"
 
     def both_nodes_back():
-        return all(any(r.version > killed_at_version and r.verdict == "accepted"
-                       for r in node_receipts(swarm, i)) for i in range(2))
+        return all(
+            any(r.version > killed_at_version and r.verdict == "accepted" for r in node_receipts(swarm, i))
+            for i in range(2)
+        )
 
     wait_until(both_nodes_back, 300, "both nodes to work for the restarted learner", learner, log)
     reconnect_s = time.monotonic() - restarted
@@ -144,16 +171,27 @@ def test_learner_survives_sigkill_and_resumes(swarm_factory, tmp_path):
 
     # Training continued from the checkpoint: the first step after the restart
     # is the one after the checkpoint, with a version number never used before.
-    after = swarm.metrics()[len(steps_before):]
+    after = swarm.metrics()[len(steps_before) :]
     assert after[0]["step"] == checkpoint["step"]
     assert after[0]["version"] > killed_at_version
 
     # A node's credits, fetched from the restarted learner, cover its receipts
     # from before the crash, each signature checked.
     before0 = node_receipts(swarm, 0)
-    credits = json.loads(cli("-m", "echo_node", "credits", "--bootstrap", swarm.bootstrap_addr,
-                             "--listen", "/ip4/127.0.0.1/tcp/0",
-                             "--data-dir", str(swarm.root / "node0"), "--json"))
+    credits = json.loads(
+        cli(
+            "-m",
+            "echo_node",
+            "credits",
+            "--bootstrap",
+            swarm.bootstrap_addr,
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--data-dir",
+            str(swarm.root / "node0"),
+            "--json",
+        )
+    )
     assert credits["receipts"] >= len(before0) and credits["signatures_checked"] == credits["receipts"]
     assert credits["credit"] >= sum(r.credit for r in before0 if r.verdict == "accepted") > 0
 

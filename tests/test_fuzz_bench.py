@@ -11,7 +11,10 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_a_short_fuzz_run_finds_no_crash():
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "fuzz.py"), "--cases", "2000", "--json"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.splitlines()[-1])

@@ -36,8 +36,14 @@ def scored_groups(seed: int) -> list[ScoredGroup]:
     for p in range(4):
         prompt = (BOS, *(int(x) for x in torch.randint(97, 101, (3 + p,), generator=g)), SEP)
         completions = tuple(tuple(int(x) for x in torch.randint(0, 259, (8,), generator=g)) for _ in range(8))
-        groups.append(ScoredGroup(prompt, completions, tuple(tuple(-2.0 for _ in c) for c in completions),
-                                  tuple(float(x) for x in torch.rand(8, generator=g))))
+        groups.append(
+            ScoredGroup(
+                prompt,
+                completions,
+                tuple(tuple(-2.0 for _ in c) for c in completions),
+                tuple(float(x) for x in torch.rand(8, generator=g)),
+            )
+        )
     return groups
 
 
@@ -81,8 +87,17 @@ def honest_rollouts_on_the_gpu(backend_name: str, dtype: str, tmp_path, rollouts
             prompts = [(BOS, *(rng.randrange(97, 101) for _ in range(rng.randint(1, 12))), SEP) for _ in range(4)]
             groups = backend.generate(prompts, 16, 16, 1.0, (EOS,))
             batch = RolloutBatch(
-                "gpu", 0, "node", b"n" * 16, backend_name, backend.dtype, backend.device.kind, 1,
-                tuple(RolloutGroup(i, tuple(Completion(s.tokens, s.logprobs) for s in g)) for i, g in enumerate(groups)),
+                "gpu",
+                0,
+                "node",
+                b"n" * 16,
+                backend_name,
+                backend.dtype,
+                backend.device.kind,
+                1,
+                tuple(
+                    RolloutGroup(i, tuple(Completion(s.tokens, s.logprobs) for s in g)) for i, g in enumerate(groups)
+                ),
                 UNSIGNED,
             )
             error = logprob_error(model, prompts, batch, PAD)
@@ -98,8 +113,10 @@ def test_a_cpu_learner_accepts_every_honest_torch_rollout_made_on_the_gpu(dtype,
     assert result["rollouts"] >= 2000 and not result["refused"], result["refused"][:3]
 
 
-@pytest.mark.skipif(not llama_installed() or llama_gpu_kind() != "cuda",
-                    reason="llama.cpp here was built without CUDA (../shared/gpu/build-llama-cuda.sh)")
+@pytest.mark.skipif(
+    not llama_installed() or llama_gpu_kind() != "cuda",
+    reason="llama.cpp here was built without CUDA (../shared/gpu/build-llama-cuda.sh)",
+)
 @pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0"])
 def test_a_cpu_learner_accepts_every_honest_llama_rollout_made_on_the_gpu(dtype, tmp_path):
     result = honest_rollouts_on_the_gpu("llama", dtype, tmp_path)

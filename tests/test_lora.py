@@ -40,17 +40,33 @@ def test_lora_job_with_both_backends_survives_kill_and_resume(swarm_factory, tmp
     args = ("--steps", "100000", "--checkpoint-every", "3", *LORA)
 
     def start_learner(*extra):
-        return swarm._spawn("learner", [
-            "echo_learner", "run", "--bootstrap", swarm.bootstrap_addr,
-            "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--data-dir", data_dir, *args, *extra,
-        ])
+        return swarm._spawn(
+            "learner",
+            [
+                "echo_learner",
+                "run",
+                "--bootstrap",
+                swarm.bootstrap_addr,
+                "--listen",
+                f"/ip4/127.0.0.1/tcp/{port}",
+                "--data-dir",
+                data_dir,
+                *args,
+                *extra,
+            ],
+        )
 
     learner = start_learner()
     swarm.start_node(0, "--backend", "torch")
     swarm.start_node(1, "--backend", "llama")
     log = swarm.root / "learner.log"
-    wait_until(lambda: len(swarm.metrics()) >= 7 and all(accepted_after(swarm, i, 1) for i in range(2)),
-               300, "LoRA steps with both nodes", learner, log)
+    wait_until(
+        lambda: len(swarm.metrics()) >= 7 and all(accepted_after(swarm, i, 1) for i in range(2)),
+        300,
+        "LoRA steps with both nodes",
+        learner,
+        log,
+    )
 
     published = manifests(swarm)
     assert published[0].format == "safetensors" and published[0].base_version == -1
@@ -69,17 +85,36 @@ def test_lora_job_with_both_backends_survives_kill_and_resume(swarm_factory, tmp
 
     # Resuming with other LoRA settings is refused, with what the checkpoint holds.
     wrong = subprocess.run(
-        [sys.executable, "-m", "echo_learner", "run", "--data-dir", data_dir, "--resume", "--lora", "4",
-         "--listen", "/ip4/127.0.0.1/tcp/0"], capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "echo_learner",
+            "run",
+            "--data-dir",
+            data_dir,
+            "--resume",
+            "--lora",
+            "4",
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert wrong.returncode != 0 and "LoRA rank 8" in wrong.stderr, wrong.stderr[-2000:]
 
     restarted = time.monotonic()
     learner = start_learner("--resume")
-    wait_until(lambda: all(accepted_after(swarm, i, killed_at_version) for i in range(2)), 300,
-               "both nodes to work for the restarted learner", learner, log)
+    wait_until(
+        lambda: all(accepted_after(swarm, i, killed_at_version) for i in range(2)),
+        300,
+        "both nodes to work for the restarted learner",
+        learner,
+        log,
+    )
     wait_until(lambda: len(swarm.metrics()) >= len(steps_before) + 3, 300, "steps after resume", learner, log)
-    after = swarm.metrics()[len(steps_before):]
+    after = swarm.metrics()[len(steps_before) :]
     assert after[0]["step"] == checkpoint["step"] and after[0]["version"] > killed_at_version
     # The restarted learner kept serving the same base: updates only.
     resumed = [m for v, m in manifests(swarm).items() if v > killed_at_version]

@@ -11,8 +11,13 @@ def test_a_version_larger_than_the_disk_quota_is_refused_before_anything_is_writ
     # built-in model is ~1.6 MB.
     node = swarm.start_node(0, "--max-disk-gb", "0.001")
     log = swarm.root / "node0.log"
-    wait_until(lambda: "refused what the learner asked for" in log.read_text(), 120,
-               "the node refusing the job's weights", proc=node, log=log)
+    wait_until(
+        lambda: "refused what the learner asked for" in log.read_text(),
+        120,
+        "the node refusing the job's weights",
+        proc=node,
+        log=log,
+    )
     text = log.read_text()
     assert "more than this process may store per version" in text, text[-2000:]
     assert text.count("refused what the learner asked for") == 1  # one clear line, not one per retry

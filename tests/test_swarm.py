@@ -59,8 +59,20 @@ def test_swarm_trains_and_every_accepted_batch_has_a_receipt(swarm_factory):
     scores = {}
     for which in ("trained", "base"):
         base = ["--base"] if which == "base" else []
-        out = swarm.run("learner", "echo_learner", "eval", "--data-dir", str(swarm.root / "learner"),
-                        "-n", "8", "-k", "4", "--json", *base, timeout_s=120)
+        out = swarm.run(
+            "learner",
+            "echo_learner",
+            "eval",
+            "--data-dir",
+            str(swarm.root / "learner"),
+            "-n",
+            "8",
+            "-k",
+            "4",
+            "--json",
+            *base,
+            timeout_s=120,
+        )
         assert out.returncode == 0, out.stderr
         scores[which] = json.loads(out.stdout)
     assert scores["trained"]["step"] == STEPS and scores["base"]["step"] is None

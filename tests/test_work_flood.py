@@ -51,8 +51,13 @@ async def test_a_work_flood_gets_a_newcomers_share_and_honest_nodes_keep_trainin
         while True:
             try:
                 reply = await request(
-                    node.swarm.host, node.learner, work.PROTOCOL,
-                    lambda stream: work.ask(stream, WorkRequest(node.job_id, 4, -1, "torch", "f32", name, "public", "cpu", 0, 0.0)), timeout_s=60,
+                    node.swarm.host,
+                    node.learner,
+                    work.PROTOCOL,
+                    lambda stream: work.ask(
+                        stream, WorkRequest(node.job_id, 4, -1, "torch", "f32", name, "public", "cpu", 0, 0.0)
+                    ),
+                    timeout_s=60,
                 )
             except RequestFailed:
                 return  # the learner finished and left
@@ -100,6 +105,7 @@ async def test_a_work_flood_gets_a_newcomers_share_and_honest_nodes_keep_trainin
     # Asking 16 at once: refused beyond 2, and struck for it until banned.
     assert "too_many_requests" in codes["flooder"] and codes["flooder"][-1] == "banned", codes["flooder"]
     assert received, "the hoarder never got a prompt: the test proves nothing"
+
     # At no moment did it hold more live prompts than the newcomers' share (16 x 0.25).
     def live_at(t: float, version: int) -> int:
         return sum(n for got, until, v, n in received if got <= t < until and v == version)

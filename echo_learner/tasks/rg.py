@@ -35,9 +35,7 @@ def _reasoning_gym():  # type: ignore[no-untyped-def]
     try:
         import reasoning_gym
     except ImportError:
-        raise TaskError(
-            "rg: tasks need reasoning-gym: pip install 'echo-swarm[tasks]'"
-        ) from None
+        raise TaskError("rg: tasks need reasoning-gym: pip install 'echo-swarm[tasks]'") from None
     return reasoning_gym
 
 
@@ -61,9 +59,7 @@ class ReasoningGymTask:
     _heldout_questions: set[str] = field(default_factory=set)
 
     def _prompt(self, entry: dict[str, Any]) -> TaskPrompt:
-        return TaskPrompt(
-            text=f"{entry['question']}\n{INSTRUCTION}", answer=str(entry["answer"]), meta=entry
-        )
+        return TaskPrompt(text=f"{entry['question']}\n{INSTRUCTION}", answer=str(entry["answer"]), meta=entry)
 
     def heldout(self, n: int) -> list[TaskPrompt]:
         if not self._heldout:
@@ -94,9 +90,7 @@ def make(arg: str) -> ReasoningGymTask:
     rg = _reasoning_gym()
     dataset_name, _, option_text = arg.partition(":")
     if dataset_name not in rg.factory.DATASETS:
-        raise TaskError(
-            f"reasoning-gym has no task {dataset_name!r} (`echo-learner tasks` lists them)"
-        )
+        raise TaskError(f"reasoning-gym has no task {dataset_name!r} (`echo-learner tasks` lists them)")
     options = parse_options(option_text)
     for reserved in ("seed", "size"):
         if reserved in options:

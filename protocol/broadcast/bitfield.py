@@ -22,9 +22,7 @@ def common(a: bytes, b: bytes) -> int:
 def decode(data: bytes, n_chunks: int) -> frozenset[int]:
     if len(data) != (n_chunks + 7) // 8:
         raise DecodeError(f"bitfield of {len(data)} bytes for {n_chunks} chunks")
-    chunks = frozenset(
-        byte_i * 8 + bit for byte_i, byte in enumerate(data) for bit in range(8) if byte >> bit & 1
-    )
+    chunks = frozenset(byte_i * 8 + bit for byte_i, byte in enumerate(data) for bit in range(8) if byte >> bit & 1)
     if chunks and max(chunks) >= n_chunks:
         raise DecodeError(f"bitfield names chunk {max(chunks)} of {n_chunks}")
     return chunks

@@ -289,16 +289,27 @@ class BroadcastEngine:
                 try:
                     base = await self.fetch_manifest(peer, update.base_version)
                 except PEER_ERRORS as exc:
-                    event(log, logging.INFO, "could not get a base manifest", peer=peer,
-                          version=update.base_version, error=exc)
+                    event(
+                        log,
+                        logging.INFO,
+                        "could not get a base manifest",
+                        peer=peer,
+                        version=update.base_version,
+                        error=exc,
+                    )
                     continue
                 try:
                     updates.check_base(update, base)
                 except updates.UpdateRefused as exc:
                     # Signed by the learner, yet not this update's base: a
                     # restarted run reusing numbers, or a learner bug.
-                    event(log, logging.WARNING, "refusing an update against another base",
-                          version=update.version, error=exc)
+                    event(
+                        log,
+                        logging.WARNING,
+                        "refusing an update against another base",
+                        version=update.version,
+                        error=exc,
+                    )
                     if self._queued is update:
                         self._queued = None
                     return
@@ -406,9 +417,7 @@ class BroadcastEngine:
             # the swarm lacks.
             offered = self.server.offered(m.version)
             held = held if offered is None else offered
-        return Have(
-            self.job_id, m.version, manifest_digest(m), bitfield.encode(held, len(m.chunk_hashes))
-        )
+        return Have(self.job_id, m.version, manifest_digest(m), bitfield.encode(held, len(m.chunk_hashes)))
 
     async def _on_have_stream(self, stream: INetStream) -> None:
         peer = remote_peer(stream)
@@ -497,7 +506,10 @@ class BroadcastEngine:
         job and the learner's key; ``RequestFailed`` otherwise."""
         ask = ManifestRequest(self.job_id, version)
         reply = await request(
-            self.swarm.host, ID.from_base58(peer), chunk.PROTOCOL, lambda stream: chunk.ask_manifest(stream, ask),
+            self.swarm.host,
+            ID.from_base58(peer),
+            chunk.PROTOCOL,
+            lambda stream: chunk.ask_manifest(stream, ask),
             timeout_s=self.config.request_timeout_s,
         )
         if isinstance(reply, ErrorReply):
@@ -599,9 +611,13 @@ class BroadcastEngine:
             elif outcome == "stalled" and not self.banned(peer) and peer != self.learner_id:
                 self._strike(peer)
             d.on_failed(
-                peer, idx, now,
-                bad=outcome in ("bad", "denied"), stalled=outcome == "stalled",
-                busy=outcome == "busy", declined=outcome in ("ask_others", "overtaken"),
+                peer,
+                idx,
+                now,
+                bad=outcome in ("bad", "denied"),
+                stalled=outcome == "stalled",
+                busy=outcome == "busy",
+                declined=outcome in ("ask_others", "overtaken"),
             )
             self._poke_downloader()
 
@@ -629,8 +645,13 @@ class BroadcastEngine:
         self._banned_until[peer] = now + self.config.ban_s
         self._stall_times.pop(peer, None)
         self.stats.peer_bans[peer] += 1
-        event(log, logging.WARNING, f"peer {why}; asking it for nothing for {self.config.ban_s:.0f} s",
-              peer=peer, **fields)
+        event(
+            log,
+            logging.WARNING,
+            f"peer {why}; asking it for nothing for {self.config.ban_s:.0f} s",
+            peer=peer,
+            **fields,
+        )
         if self.download is not None:
             self.download.drop(peer)
 
@@ -689,7 +710,9 @@ class BroadcastEngine:
         Engines fetch an update only once they hold its base in full."""
         u = self.store.manifests.get(latest.version)
         return (
-            u is not None and u.base_version == m.version and latest.manifest_digest == manifest_digest(u)
+            u is not None
+            and u.base_version == m.version
+            and latest.manifest_digest == manifest_digest(u)
             and u.base_digest == manifest_digest(m)
         )
 
@@ -739,6 +762,7 @@ class BroadcastEngine:
                 interval = min(interval * 2, self.config.discover_max_interval_s)
             # A periodic refresh of the neighbour set, not synchronisation.
             await trio.sleep(interval)
+
 
 async def _discard(stream: INetStream) -> None:
     """Reset a stream we will not use again (shielded: runs during cancellation)."""

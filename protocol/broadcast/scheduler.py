@@ -169,9 +169,7 @@ class Download:
     def busy_strangers(self) -> dict[str, tuple[float, int]]:
         """(resting until, busy streak) of each peer that answered busy and has
         sent nothing of this version: the next version's ``rested``."""
-        return {
-            p: (s.resting_until, s.busy_streak) for p, s in self.peers.items() if s.busy_streak and not s.delivered
-        }
+        return {p: (s.resting_until, s.busy_streak) for p, s in self.peers.items() if s.busy_streak and not s.delivered}
 
     def remove_peer(self, peer: str) -> None:
         """``peer`` left; its open requests still end through ``on_failed``.
@@ -255,7 +253,9 @@ class Download:
         return {
             idx: max(after, state.declined.get(idx, after))
             for idx in range(self.n_chunks)
-            if self.counts[idx] <= 0 and idx not in self.have and idx not in self.in_flight
+            if self.counts[idx] <= 0
+            and idx not in self.have
+            and idx not in self.in_flight
             and idx not in self.duplicates
         }
 
@@ -362,11 +362,7 @@ class Download:
         """When a resting peer or declined chunk becomes usable again, or a
         request becomes old enough for an endgame copy (``inf``: never)."""
         times = [
-            t
-            for s in self.peers.values()
-            if not s.banned
-            for t in (s.resting_until, *s.declined.values())
-            if t > now
+            t for s in self.peers.values() if not s.banned for t in (s.resting_until, *s.declined.values()) if t > now
         ]
         after = self.endgame_after_s
         times += [

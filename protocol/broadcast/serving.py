@@ -68,9 +68,7 @@ class ChunkServer:
             return
         data = e.store.read(req.version, req.index) if e.config.relay or e.is_seed else None
         if data is None:
-            await chunk.send_reply(
-                stream, ErrorReply(chunk.UNKNOWN_CHUNK, f"no chunk {req.index} of v{req.version}")
-            )
+            await chunk.send_reply(stream, ErrorReply(chunk.UNKNOWN_CHUNK, f"no chunk {req.index} of v{req.version}"))
             return
         policy = self._policy(req.version)
         peer = remote_peer(stream)

@@ -52,9 +52,7 @@ class VersionStore:
                 path.unlink(missing_ok=True)
                 continue
             self.manifests[m.version] = m
-            self.held[m.version] = {
-                i for i in range(len(m.chunk_hashes)) if self._valid_on_disk(m, i)
-            }
+            self.held[m.version] = {i for i in range(len(m.chunk_hashes)) if self._valid_on_disk(m, i)}
         self._collect_garbage()
 
     def _chunk_path(self, digest: bytes) -> Path:
@@ -172,4 +170,3 @@ class VersionStore:
 
     def disk_bytes(self) -> int:
         return sum(p.stat().st_size for p in self._chunk_dir.iterdir())
-

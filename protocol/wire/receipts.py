@@ -42,9 +42,7 @@ class ReceiptPage:
     MAX_BYTES: ClassVar[int] = MAX_PER_PAGE * Receipt.MAX_BYTES
 
     job_id: str = field(metadata=check(JOB_ID))
-    receipts: tuple[Receipt, ...] = field(
-        metadata=check(ListOf(Nested(Receipt), MAX_PER_PAGE))
-    )
+    receipts: tuple[Receipt, ...] = field(metadata=check(ListOf(Nested(Receipt), MAX_PER_PAGE)))
     last_id: int = field(metadata=check(Int(0, MAX_U53)))
     more: bool = field(metadata=check(Bool()))
 
@@ -55,9 +53,7 @@ async def ask(stream: ByteStream, query: ReceiptQuery) -> ReceiptPage | ErrorRep
     return await framing.receive(stream, ReceiptPage, ErrorReply)
 
 
-async def answer(
-    stream: ByteStream, respond: Callable[[ReceiptQuery], Awaitable[ReceiptPage | ErrorReply]]
-) -> None:
+async def answer(stream: ByteStream, respond: Callable[[ReceiptQuery], Awaitable[ReceiptPage | ErrorReply]]) -> None:
     """The handler side: read one query, send what ``respond`` makes of it."""
     query = await framing.receive(stream, ReceiptQuery)
     await framing.send(stream, await respond(query))

@@ -54,9 +54,7 @@ class Completion:
 @dataclass(frozen=True)
 class RolloutGroup:
     prompt_id: int = field(metadata=check(Int(0, MAX_U53)))
-    completions: tuple[Completion, ...] = field(
-        metadata=check(ListOf(Nested(Completion), MAX_GROUP, 1))
-    )
+    completions: tuple[Completion, ...] = field(metadata=check(ListOf(Nested(Completion), MAX_GROUP, 1)))
 
 
 @dataclass(frozen=True)
@@ -75,9 +73,7 @@ class RolloutBatch:
     # (backend, dtype and device together pick the log-prob tolerance).
     device: str = field(metadata=check(Str(16, DEVICE_KINDS)))
     generate_ms: int = field(metadata=check(Int(0, MAX_U53)))
-    groups: tuple[RolloutGroup, ...] = field(
-        metadata=check(ListOf(Nested(RolloutGroup), MAX_PROMPTS, 1))
-    )
+    groups: tuple[RolloutGroup, ...] = field(metadata=check(ListOf(Nested(RolloutGroup), MAX_PROMPTS, 1)))
     signature: bytes = field(metadata=check(SIGNATURE))
 
 

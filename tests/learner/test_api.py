@@ -44,12 +44,14 @@ async def _exchange(raw: bytes, hosts=None, token="", server=None) -> bytes:
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
     async with trio.open_nursery() as nursery:
+
         async def handler(stream):
             async with stream:
                 try:
                     await _handle(stream, server)
                 except Exception:
                     pass  # the server logs and drops a bad request; the test reads what arrived
+
         await nursery.start(trio.serve_listeners, handler, listeners)
         client = await trio.open_tcp_stream("127.0.0.1", port)
         await client.send_all(raw)
@@ -112,9 +114,11 @@ async def test_a_request_dripped_byte_by_byte_is_cut_off(monkeypatch):
     port = listeners[0].socket.getsockname()[1]
     server = Server.for_table(TABLE)
     async with trio.open_nursery() as nursery:
+
         async def handler(stream):
             async with stream:
                 await _handle(stream, server)
+
         await nursery.start(trio.serve_listeners, handler, listeners)
         client = await trio.open_tcp_stream("127.0.0.1", port)
         await client.send_all(b"GET /api/ok HTTP/1.1\r\n")  # and nothing more
@@ -137,7 +141,6 @@ def test_answers_come_from_a_snapshot_at_most_once_a_second():
     assert len(calls) == 3
 
 
-
 async def test_the_cli_sends_the_token_its_url_names():
     """`echo-learner peers --url ...#token=` (what a learner bound beyond loopback prints)."""
     import sys
@@ -155,8 +158,12 @@ async def test_the_cli_sends_the_token_its_url_names():
                 pass  # the CLI hung up after a 401 (serve_api ignores this too)
 
     async def peers(url):
-        return await trio.run_process([sys.executable, "-m", "echo_learner", "peers", "--json", "--url", url],
-                                      capture_stdout=True, capture_stderr=True, check=False)
+        return await trio.run_process(
+            [sys.executable, "-m", "echo_learner", "peers", "--json", "--url", url],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
 
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handler, listeners)

@@ -85,8 +85,9 @@ def test_time_a_version_has_left_in_the_window():
     from echo_learner.capacity import window_left_s
 
     def left(version: int, steps_since: int) -> float:
-        return window_left_s(version=version, current=10, staleness=2, publish_every=3,
-                             steps_since=steps_since, step_period_s=0.5)
+        return window_left_s(
+            version=version, current=10, staleness=2, publish_every=3, steps_since=steps_since, step_period_s=0.5
+        )
 
     assert left(10, 0) == pytest.approx((2 * 3 + 3) * 0.5)  # the newest: two more versions, then the next
     assert left(8, 1) == pytest.approx(2 * 0.5)  # the oldest usable: until the next publish

@@ -74,7 +74,12 @@ def test_held_out_scoring_cancelled_leaves_no_thread_running_the_model(tmp_path)
     thread: one left inside torch when the interpreter exits aborts it."""
     model, tokenizer = load_model("", seed=0)
     monitor = HeldoutMonitor(
-        load_task("reverse"), tokenizer, every=1, prompts=2000, max_new_tokens=4, system_prompt="",
+        load_task("reverse"),
+        tokenizer,
+        every=1,
+        prompts=2000,
+        max_new_tokens=4,
+        system_prompt="",
         path=tmp_path / "heldout.jsonl",
     )
     inside = threading.Semaphore(0)  # released at every forward pass's start

@@ -47,7 +47,9 @@ def test_the_exported_model_answers_alike_in_transformers_and_llama_cpp(tmp_path
     out = tmp_path / "export"
     done = subprocess.run(
         [sys.executable, "-m", "echo_learner", "export", str(out), "--data-dir", str(data), "--gguf-dtype", "f32"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     assert "exported step 7" in done.stdout
@@ -56,8 +58,13 @@ def test_the_exported_model_answers_alike_in_transformers_and_llama_cpp(tmp_path
     answers = []
     for prompt in PROMPTS:
         with torch.no_grad():
-            want = hf.generate(torch.tensor([prompt]), max_new_tokens=ANSWER_TOKENS, do_sample=False,
-                               min_new_tokens=ANSWER_TOKENS, pad_token_id=256)[0, len(prompt):].tolist()
+            want = hf.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=ANSWER_TOKENS,
+                do_sample=False,
+                min_new_tokens=ANSWER_TOKENS,
+                pad_token_id=256,
+            )[0, len(prompt) :].tolist()
         assert llama_greedy(llm, prompt) == want
         answers.append(want)
     assert len({tuple(a) for a in answers}) > 1  # the prompts matter: not one fixed answer

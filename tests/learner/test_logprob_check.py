@@ -45,16 +45,19 @@ def sample_batches(model, rng, batches, max_new_tokens, temperature=1.0):
     backend.load(config_json(model), trainer.weights())
     for _ in range(batches):
         prompts = [
-            (257, *(rng.randrange(97, 101) for _ in range(rng.randint(1, 12))), 61)
-            for _ in range(PROMPTS_PER_BATCH)
+            (257, *(rng.randrange(97, 101) for _ in range(rng.randint(1, 12))), 61) for _ in range(PROMPTS_PER_BATCH)
         ]
         groups = backend.generate(prompts, GROUP, max_new_tokens, temperature, (258,))
         batch = RolloutBatch(
-            "reverse-test", 0, NODE.peer_id_str, b"n" * 16, "torch", "f32", "cpu", 1,
-            tuple(
-                RolloutGroup(i, tuple(Completion(s.tokens, s.logprobs) for s in g))
-                for i, g in enumerate(groups)
-            ),
+            "reverse-test",
+            0,
+            NODE.peer_id_str,
+            b"n" * 16,
+            "torch",
+            "f32",
+            "cpu",
+            1,
+            tuple(RolloutGroup(i, tuple(Completion(s.tokens, s.logprobs) for s in g)) for i, g in enumerate(groups)),
             UNSIGNED,
         )
         yield prompts, batch
@@ -114,12 +117,16 @@ def test_many_small_shifts_are_caught_by_the_batch_mean():
     """A q8_0 node may be far off on a few tokens, but not on every token."""
     model = next(versions(1))
     prompts, honest = next(sample_batches(model, random.Random(2), 1, max_new_tokens=8))
-    shifted = dataclasses.replace(honest, dtype="q8_0", groups=tuple(
-        dataclasses.replace(g, completions=tuple(
-            Completion(c.tokens, tuple(lp - 0.6 for lp in c.logprobs)) for c in g.completions
-        ))
-        for g in honest.groups
-    ))
+    shifted = dataclasses.replace(
+        honest,
+        dtype="q8_0",
+        groups=tuple(
+            dataclasses.replace(
+                g, completions=tuple(Completion(c.tokens, tuple(lp - 0.6 for lp in c.logprobs)) for c in g.completions)
+            )
+            for g in honest.groups
+        ),
+    )
     error = logprob_error(model, prompts, shifted, pad_id=256)
     assert error.worst < tolerance("llama", "q8_0").worst  # no single token gives it away
     assert check_logprobs(error, tolerance("llama", "q8_0")) == BAD_LOGPROBS
@@ -159,8 +166,12 @@ def test_a_recompute_split_to_fit_its_memory_budget_gives_the_same_stats():
     prompts = [(257, *(rng.randrange(97, 101) for _ in range(rng.randint(1, 8))), 61) for _ in range(3)]
     groups = [[tuple(rng.randrange(0, 259) for _ in range(rng.randint(1, 30))) for _ in range(6)] for _ in prompts]
     budget = 3 * 30 * model.config.vocab_size * VERIFY_BYTES_PER_LOGIT  # about three rows a pass
-    assert len(row_slices([len(c) - 1 for g in groups for c in g], model.config.vocab_size, budget,
-                          VERIFY_BYTES_PER_LOGIT)) >= 4
+    assert (
+        len(
+            row_slices([len(c) - 1 for g in groups for c in g], model.config.vocab_size, budget, VERIFY_BYTES_PER_LOGIT)
+        )
+        >= 4
+    )
     for temperature in (1.0, 0.7):
         whole = grouped_token_stats(model, prompts, groups, 256, temperature=temperature)
         split = grouped_token_stats(model, prompts, groups, 256, max_bytes=budget, temperature=temperature)
@@ -193,10 +204,13 @@ def _exact(model, prompts, groups, template):
     """A batch of ``groups`` of token tuples with the learner's own log-probs:
     what a forger who computes them with the published weights reports."""
     lps = grouped_logprobs(model, prompts, groups, pad_id=256)
-    return dataclasses.replace(template, groups=tuple(
-        RolloutGroup(i, tuple(Completion(tuple(t), tuple(float(x) for x in lp)) for t, lp in zip(g, gl)))
-        for i, (g, gl) in enumerate(zip(groups, lps))
-    ))
+    return dataclasses.replace(
+        template,
+        groups=tuple(
+            RolloutGroup(i, tuple(Completion(tuple(t), tuple(float(x) for x in lp)) for t, lp in zip(g, gl)))
+            for i, (g, gl) in enumerate(zip(groups, lps))
+        ),
+    )
 
 
 def test_tokens_not_sampled_from_the_policy_are_caught_even_with_exact_logprobs():
@@ -214,9 +228,9 @@ def test_tokens_not_sampled_from_the_policy_are_caught_even_with_exact_logprobs(
     greedy = []
     for p, g in zip(prompts, shape):
         with torch.no_grad():
-            out = honest_model.generate(
-                torch.tensor([p]), max_new_tokens=max(g), do_sample=False, pad_token_id=256
-            )[0, len(p):]
+            out = honest_model.generate(torch.tensor([p]), max_new_tokens=max(g), do_sample=False, pad_token_id=256)[
+                0, len(p) :
+            ]
         greedy.append([tuple(out[:n].tolist()) for n in g])
     for forged in (chosen, swapped, greedy):
         batch = _exact(honest_model, prompts, forged, honest)

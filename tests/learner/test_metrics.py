@@ -10,10 +10,18 @@ from echo_learner.metrics import LearnerMetrics
 
 def status(**over) -> dict:
     base = {
-        "rollouts_accepted": 96, "batches_accepted": 6, "refusals": {"bad_signature": 2, "replayed_nonce": 1},
-        "step": 12, "heldout": {"accuracy": 0.5, "version": 10}, "version": 11, "steps_per_s": 1.5,
-        "utilization": 0.8, "capacity": {"utilization": 0.85, "forecast_error": None}, "peers": 3,
-        "broadcast": {"bytes_published": 123456}, "bootstrap": [{"addr": "/ip4/127.0.0.1/tcp/1/p2p/Qm\"x", "answers": True}],
+        "rollouts_accepted": 96,
+        "batches_accepted": 6,
+        "refusals": {"bad_signature": 2, "replayed_nonce": 1},
+        "step": 12,
+        "heldout": {"accuracy": 0.5, "version": 10},
+        "version": 11,
+        "steps_per_s": 1.5,
+        "utilization": 0.8,
+        "capacity": {"utilization": 0.85, "forecast_error": None},
+        "peers": 3,
+        "broadcast": {"bytes_published": 123456},
+        "bootstrap": [{"addr": '/ip4/127.0.0.1/tcp/1/p2p/Qm"x', "answers": True}],
     }
     return {**base, **over}
 

@@ -30,11 +30,14 @@ def test_the_built_in_model_is_seeded():
     assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda p: p / "missing", "not a Hugging Face model directory"),
-    (lambda p: (p / "model.bin").write_bytes(b"x") and p / "model.bin", "not a Hugging Face model directory"),
-    (lambda p: (p / "config.json").write_text(json.dumps({"model_type": "gpt2"})) and p, "cannot load|only llama"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p / "missing", "not a Hugging Face model directory"),
+        (lambda p: (p / "model.bin").write_bytes(b"x") and p / "model.bin", "not a Hugging Face model directory"),
+        (lambda p: (p / "config.json").write_text(json.dumps({"model_type": "gpt2"})) and p, "cannot load|only llama"),
+    ],
+)
 def test_what_is_not_a_llama_model_is_refused_clearly(tmp_path, make, message):
     with pytest.raises(ModelError, match=message):
         load_model(str(make(tmp_path)))

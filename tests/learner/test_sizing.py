@@ -17,7 +17,10 @@ def test_fast_nodes_get_many_slow_ones_one_group_newcomers_one():
 
 
 @given(
-    rate=st.floats(0.001, 1e5), deadline=st.floats(1, 3600), group=st.integers(1, 64), cap=st.integers(1, 256),
+    rate=st.floats(0.001, 1e5),
+    deadline=st.floats(1, 3600),
+    group=st.integers(1, 64),
+    cap=st.integers(1, 256),
     held=st.integers(0, 300),
 )
 def test_what_a_node_holds_never_outlasts_its_share_of_the_deadline(rate, deadline, group, cap, held):
@@ -45,8 +48,12 @@ def test_a_step_is_shared_so_that_its_nodes_finish_together():
     # Alone, a node takes what its deadline allows, up to the cap.
     assert prompts_for(500.0, 8, 16, cap=16, swarm=workers([500.0]), unassigned=64) == 16
     # What it holds counts against its share.
-    assert prompts_for(125.0, 8, 16, cap=64, held=8, busy_s=8 / 7.8125, swarm=workers(rates, [0, 8 / 7.8125, 0, 0]),
-                       unassigned=56) == 3
+    assert (
+        prompts_for(
+            125.0, 8, 16, cap=64, held=8, busy_s=8 / 7.8125, swarm=workers(rates, [0, 8 / 7.8125, 0, 0]), unassigned=56
+        )
+        == 3
+    )
 
 
 def test_late_in_a_step_a_slow_node_that_had_its_share_waits():
@@ -58,11 +65,11 @@ def test_late_in_a_step_a_slow_node_that_had_its_share_waits():
     swarm = workers(rates, [0.512, 0.256, 0.0, 0.0])
     assert round(round_end_s(swarm, 4), 2) == 0.52
     assert prompts_for(25.0, 8, 16, cap=64, swarm=swarm, unassigned=4, handed_this_round=2) == 0
-    assert prompts_for(125.0, 8, 16, cap=64, held=2, busy_s=0.256, swarm=swarm, unassigned=4,
-                       handed_this_round=8) == 2
+    assert prompts_for(125.0, 8, 16, cap=64, held=2, busy_s=0.256, swarm=swarm, unassigned=4, handed_this_round=8) == 2
     swarm = workers(rates, [0.512, 0.512, 0.0, 0.0])
-    assert prompts_for(500.0, 8, 16, cap=64, held=16, busy_s=0.512, swarm=swarm, unassigned=2,
-                       handed_this_round=32) == 1
+    assert (
+        prompts_for(500.0, 8, 16, cap=64, held=16, busy_s=0.512, swarm=swarm, unassigned=2, handed_this_round=32) == 1
+    )
     # But every node gets one group each round, however slow.
     assert prompts_for(25.0, 8, 16, cap=64, swarm=swarm, unassigned=4) == 1
     assert prompts_for(1.0, 8, 16, cap=64, swarm=workers([1000.0, 1.0]), unassigned=2) == 1
@@ -87,6 +94,7 @@ def test_the_round_model_ends_when_every_prompt_is_done(rates, busy, unassigned)
     # And someone can take one more prompt: the round always progresses.
     assert any(w.rate * (end - w.busy_s) >= 1 - 1e-9 for w in swarm)
     for w in swarm:
-        n = prompts_for(w.rate * 16, 3600, 16, cap=512, busy_s=w.busy_s, swarm=swarm, unassigned=unassigned,
-                        handed_this_round=1)
+        n = prompts_for(
+            w.rate * 16, 3600, 16, cap=512, busy_s=w.busy_s, swarm=swarm, unassigned=unassigned, handed_this_round=1
+        )
         assert w.busy_s + n / w.rate <= end * (1 + 1e-9)  # never past the round's end

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-PLUGIN = textwrap.dedent('''
+PLUGIN = textwrap.dedent("""
     from dataclasses import dataclass
 
     from echo_learner.tasks.base import TaskPrompt, parse_options
@@ -33,7 +33,7 @@ PLUGIN = textwrap.dedent('''
 
     def make(arg):
         return Countdown(name="countdown:" + arg, start=parse_options(arg).get("start", 3))
-''')
+""")
 
 
 def install_plugin(site):

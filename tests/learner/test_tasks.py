@@ -29,21 +29,24 @@ def test_reverse_never_trains_on_its_heldout_split():
 
 
 def test_options_parse_as_json_or_text():
-    assert parse_options("a=2, b=0.5,c=true,d=x y,e=\"q\"") == {"a": 2, "b": 0.5, "c": True, "d": "x y", "e": "q"}
+    assert parse_options('a=2, b=0.5,c=true,d=x y,e="q"') == {"a": 2, "b": 0.5, "c": True, "d": "x y", "e": "q"}
     assert parse_options("") == {}
     with pytest.raises(TaskError, match="key=value"):
         parse_options("novalue")
 
 
-@pytest.mark.parametrize("spec, error", [
-    ("nosuchfamily", "no task family 'nosuchfamily'"),
-    ("reverse:colour=red", "reverse has no option colour"),
-    ("reverse:length=0", "length must be 1 to 16"),
-    ("rg:no_such_dataset", "reasoning-gym has no task 'no_such_dataset'"),
-    ("rg:basic_arithmetic:seed=3", "seed is set by the learner"),
-    ("rg:basic_arithmetic:min_terms=5,max_terms=2", "rg:basic_arithmetic"),
-    ("rg:basic_arithmetic:" + ",".join(f"min_terms={i}" for i in range(30)), "at most 256"),
-])
+@pytest.mark.parametrize(
+    "spec, error",
+    [
+        ("nosuchfamily", "no task family 'nosuchfamily'"),
+        ("reverse:colour=red", "reverse has no option colour"),
+        ("reverse:length=0", "length must be 1 to 16"),
+        ("rg:no_such_dataset", "reasoning-gym has no task 'no_such_dataset'"),
+        ("rg:basic_arithmetic:seed=3", "seed is set by the learner"),
+        ("rg:basic_arithmetic:min_terms=5,max_terms=2", "rg:basic_arithmetic"),
+        ("rg:basic_arithmetic:" + ",".join(f"min_terms={i}" for i in range(30)), "at most 256"),
+    ],
+)
 def test_bad_specs_are_refused_with_what_is_wrong(spec, error):
     with pytest.raises(TaskError, match=error):
         load_task(spec)
@@ -76,7 +79,6 @@ def test_math_task_accepts_equivalent_forms_of_the_answer():
     assert task.reward(real, f"<answer>{real.answer}</answer>") == pytest.approx(1.0)
 
 
-
 def test_a_task_spec_with_options_fits_a_signed_manifest_record():
     """The spec travels in every manifest, which the DHT's validator checks."""
     from protocol import codec, manifest
@@ -86,6 +88,15 @@ def test_a_task_spec_with_options_fits_a_signed_manifest_record():
     spec = "math:basic_arithmetic:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
     assert load_task(spec).name == spec
     me = Identity.generate()
-    signed, _ = manifest.build(me, job_id="j", version=0, parent_version=-1, task=spec, model_config="{}",
-                               tokenizer_digest=bytes(32), weights=b"w" * 10, chunk_size=4)
+    signed, _ = manifest.build(
+        me,
+        job_id="j",
+        version=0,
+        parent_version=-1,
+        task=spec,
+        model_config="{}",
+        tokenizer_digest=bytes(32),
+        weights=b"w" * 10,
+        chunk_size=4,
+    )
     assert decode_record(f"/echo-swarm/{me.peer_id_str}", codec.encode(signed)).task == spec

@@ -17,9 +17,16 @@ LR = 1e-3
 
 def settings(**over) -> dict:
     base = {
-        "model": "", "seed": 0, "lora": None, "lr": LR,
+        "model": "",
+        "seed": 0,
+        "lora": None,
+        "lr": LR,
         "objective": {"clip_eps": OBJ.clip_eps, "ratio_cap": OBJ.ratio_cap, "kl_coef": OBJ.kl_coef},
-        "pad_id": 256, "max_logit_bytes": 2**30, "temperature": 0.8, "device": "cpu", "threads": 1,
+        "pad_id": 256,
+        "max_logit_bytes": 2**30,
+        "temperature": 0.8,
+        "device": "cpu",
+        "threads": 1,
     }
     return {**base, **over}
 
@@ -109,15 +116,19 @@ def test_lora_adapters_train_alike_on_two_ranks():
             assert abs(got.loss - want.loss) < 1e-5
         group.sync()
     assert_same_weights(two, one)
-    assert any("lora" in k and not torch.equal(v, w) for (k, v), w in
-               zip(one.state_dict().items(), wrap(build_model(), lora).state_dict().values()))
+    assert any(
+        "lora" in k and not torch.equal(v, w)
+        for (k, v), w in zip(one.state_dict().items(), wrap(build_model(), lora).state_dict().values())
+    )
 
 
 def test_a_failing_request_is_reported_and_the_ranks_stop():
     model = build_model()
     with TrainGroup(model, procs=2, settings=settings()) as group:
-        bad = [ScoredGroup((257,), ((1,), (2, 3)), ((-1.0,), (-1.0, -1.0)), (1.0, 0.0)),
-               ScoredGroup((257,), ((1,),), ((-1.0,),), (1.0,))]
+        bad = [
+            ScoredGroup((257,), ((1,), (2, 3)), ((-1.0,), (-1.0, -1.0)), (1.0, 0.0)),
+            ScoredGroup((257,), ((1,),), ((-1.0,),), (1.0,)),
+        ]
         with pytest.raises(TrainGroupError, match="different sizes"):
             group.step(bad)
         process = group.process
@@ -129,8 +140,7 @@ def test_a_rank_that_dies_ends_the_group_with_a_clear_error():
 
     model = build_model()
     with TrainGroup(model, procs=2, settings=settings()) as group:
-        ranks = [p for p in psutil.Process(group.process.pid).children()
-                 if "echo_learner.train_worker" in p.cmdline()]
+        ranks = [p for p in psutil.Process(group.process.pid).children() if "echo_learner.train_worker" in p.cmdline()]
         assert len(ranks) == 2
         ranks[-1].kill()
         with pytest.raises(TrainGroupError, match="went away|failed .step."):

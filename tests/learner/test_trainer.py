@@ -82,8 +82,7 @@ def test_published_weights_load_into_a_node_backend():
     trainer = Trainer(model, lr=1e-3, objective=OBJ, pad_id=256)
     backend = TorchBackend(threads=1)
     backend.load(config_json(model), trainer.weights())
-    groups = backend.generate([(257, 97, 98, 99, 61)], group_size=4, max_new_tokens=4,
-                              temperature=1.0, stop_ids=(258,))
+    groups = backend.generate([(257, 97, 98, 99, 61)], group_size=4, max_new_tokens=4, temperature=1.0, stop_ids=(258,))
     assert len(groups) == 1 and len(groups[0]) == 4
     for sample in groups[0]:
         assert 1 <= len(sample.tokens) <= 4 and len(sample.logprobs) == len(sample.tokens)

@@ -127,8 +127,10 @@ async def test_take_batch_drops_groups_older_than_the_window():
         pool.answer(a, _rollouts(version))
     got = []
     async with trio.open_nursery() as nursery:
+
         async def take():
             got.extend(await pool.take_batch(3, min_version=5))
+
         nursery.start_soon(take)
         await trio.testing.wait_all_tasks_blocked()
         assert got == []  # only two groups are recent enough

@@ -33,9 +33,26 @@ def test_chunks_flow_hole_punched_between_masquerade_homes_and_relayed_to_the_st
         bootstrap = swarm.start_bootstrap(listen="/ip4/0.0.0.0/tcp/4001")
 
         def peer(name: str, *args: str) -> Peer:
-            return Peer(name, ["--bootstrap", bootstrap, "--job-id", "hp", "--listen", LISTEN,
-                               "--data-dir", str(tmp_path / name), "--size-mib", "4",
-                               "--chunk-kib", "256", *args], tmp_path, machine=net.prefix_argv(name))
+            return Peer(
+                name,
+                [
+                    "--bootstrap",
+                    bootstrap,
+                    "--job-id",
+                    "hp",
+                    "--listen",
+                    LISTEN,
+                    "--data-dir",
+                    str(tmp_path / name),
+                    "--size-mib",
+                    "4",
+                    "--chunk-kib",
+                    "256",
+                    *args,
+                ],
+                tmp_path,
+                machine=net.prefix_argv(name),
+            )
 
         seed = peer("seed", "--role", "seed")
         peers = [seed]

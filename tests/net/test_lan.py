@@ -26,8 +26,10 @@ def test_nodes_on_one_lan_join_with_no_flags(tmp_path):
         for i, name in enumerate(("learner", "node0", "node1")):
             net.public(name, f"10.77.0.{i + 3}")
         swarm.machine = {name: net.prefix_argv(name) for name in ("learner", "node0", "node1")}
-        swarm._spawn("learner", ["echo_learner", "run", "--mode", "async", "--steps", "100000",
-                                 "--data-dir", str(tmp_path / "learner")])
+        swarm._spawn(
+            "learner",
+            ["echo_learner", "run", "--mode", "async", "--steps", "100000", "--data-dir", str(tmp_path / "learner")],
+        )
         for i in range(2):
             home = tmp_path / f"home{i}"
             home.mkdir()
@@ -51,9 +53,21 @@ def test_a_node_alone_on_a_lan_says_what_to_do(tmp_path):
     with Topology("es-lan") as net:
         net.public("node0", "10.77.0.3")
         done = subprocess.run(
-            [*net.prefix_argv("node0"), sys.executable, "-m", "echo_node", "join", "--mdns",
-             "--lan-wait-s", "3", "--data-dir", str(tmp_path / "n")],
-            capture_output=True, text=True, timeout=120,
+            [
+                *net.prefix_argv("node0"),
+                sys.executable,
+                "-m",
+                "echo_node",
+                "join",
+                "--mdns",
+                "--lan-wait-s",
+                "3",
+                "--data-dir",
+                str(tmp_path / "n"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
     assert done.returncode == 2, done.stderr
     error = [line for line in done.stderr.splitlines() if "error" in line]

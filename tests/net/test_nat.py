@@ -85,8 +85,9 @@ def wait_until(what: str, check, swarm, timeout_s: float = 180):
             return value
         for name, proc in swarm.procs.items():
             if proc.poll() is not None:
-                pytest.fail(f"{name} exited while waiting for {what}: "
-                            + (swarm.root / f"{name}.log").read_text()[-2000:])
+                pytest.fail(
+                    f"{name} exited while waiting for {what}: " + (swarm.root / f"{name}.log").read_text()[-2000:]
+                )
         time.sleep(1)
     logs = {n: (swarm.root / f"{n}.log").read_text()[-1500:] for n in swarm.procs if n.startswith("node")}
     pytest.fail(f"timed out waiting for {what}; node logs: {logs}")
@@ -98,17 +99,16 @@ def test_nodes_behind_nat_join_with_an_invite_and_know_whether_they_are_reachabl
 
     def everyone_settled():
         statuses = [node_status(swarm, i) for i in (0, *NODES)]
-        settled = all(
-            s and s["reachability"]["status"] != "unknown" and s["batches_accepted"] >= 1 for s in statuses
-        )
+        settled = all(s and s["reachability"]["status"] != "unknown" and s["batches_accepted"] >= 1 for s in statuses)
         # The bootstrap and the learner both answered the natted nodes' latest check.
         answered = settled and all(
             set(s["reachability"]["answers"].values()) == {"could not dial us back"} for s in statuses[1:]
         )
         return statuses if answered else None
 
-    relay0, *statuses = wait_until("every node to check its reachability and get a batch accepted",
-                                   everyone_settled, swarm)
+    relay0, *statuses = wait_until(
+        "every node to check its reachability and get a batch accepted", everyone_settled, swarm
+    )
     for status in statuses:
         assert status["reachability"]["status"] == "private", status["reachability"]
         assert status["job_id"] and status["learner"], status
@@ -169,13 +169,14 @@ def test_a_whole_round_runs_with_every_node_behind_nat(natted_swarm):
         strict = [now[2]["neighbours"].get(ids[i]) for i in (1, 3)]
         return now if punched and all(r and r.startswith("relayed") for r in strict) else None
 
-    wait_until("node1 and node3 to hold a hole-punched connection, node2 relayed ones",
-               neighbours_settled, swarm, timeout_s=90)
+    wait_until(
+        "node1 and node3 to hold a hole-punched connection, node2 relayed ones", neighbours_settled, swarm, timeout_s=90
+    )
 
 
 def test_a_tampered_invite_is_refused_before_anything_is_written(natted_swarm, tmp_path):
     net, swarm, invite = natted_swarm
-    body = invite[len("echo1:"):]
+    body = invite[len("echo1:") :]
     flipped = invite[: len("echo1:") + 40] + ("A" if body[40] != "A" else "B") + invite[len("echo1:") + 41 :]
     done = swarm.run("node1", "echo_node", "join", flipped, "--data-dir", str(tmp_path / "n"))
     assert done.returncode == 2
@@ -198,8 +199,18 @@ def doctor_reports(natted_swarm, tmp_path_factory) -> dict[str, tuple[int, dict,
     def doctor(name: str) -> tuple[int, dict, Path]:
         machine, *args = runs[name]
         data_dir = root / name.replace(" ", "-")
-        done = swarm.run(machine, "echo_node", "doctor", "--json", "--listen", "/ip4/0.0.0.0/tcp/0",
-                         "--data-dir", str(data_dir), *args, timeout_s=120)
+        done = swarm.run(
+            machine,
+            "echo_node",
+            "doctor",
+            "--json",
+            "--listen",
+            "/ip4/0.0.0.0/tcp/0",
+            "--data-dir",
+            str(data_dir),
+            *args,
+            timeout_s=120,
+        )
         assert "Traceback" not in done.stderr, done.stderr
         return done.returncode, json.loads(done.stdout), data_dir
 
@@ -212,12 +223,15 @@ def by_name(report: dict) -> dict[str, dict]:
     return {c["name"]: c for c in report["checks"]}
 
 
-@pytest.mark.parametrize("machine, reachable, punch, upnp", [
-    ("pub", "ok", "ok", "not needed"),                 # a public machine
-    ("node1", "warn", "ok", "no UPnP gateway"),         # behind MASQUERADE: NATed, hole punching works
-    ("node2", "warn", "warn", "no UPnP gateway"),       # behind the strict router: only a relay reaches it
-    ("upnp1", "ok", "ok", "your router forwards TCP"),  # behind a router that forwards on request
-])
+@pytest.mark.parametrize(
+    "machine, reachable, punch, upnp",
+    [
+        ("pub", "ok", "ok", "not needed"),  # a public machine
+        ("node1", "warn", "ok", "no UPnP gateway"),  # behind MASQUERADE: NATed, hole punching works
+        ("node2", "warn", "warn", "no UPnP gateway"),  # behind the strict router: only a relay reaches it
+        ("upnp1", "ok", "ok", "your router forwards TCP"),  # behind a router that forwards on request
+    ],
+)
 def test_doctor_tells_the_situations_apart(doctor_reports, machine, reachable, punch, upnp):
     code, report, data_dir = doctor_reports[machine]
     checks = by_name(report)

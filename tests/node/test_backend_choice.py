@@ -35,6 +35,7 @@ def test_auto_prefers_llama_when_installed(tmp_path):
 
 # --- --device and --threads -------------------------------------------------------
 
+
 def test_auto_takes_the_best_device_that_works_here(tmp_path):
     """On a machine without a GPU (CI) auto runs on the CPU and says why; on
     one with CUDA torch takes it."""

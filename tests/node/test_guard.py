@@ -27,21 +27,25 @@ def test_the_learners_ordinary_assignment_passes():
     check_assignment(GOOD, LIMITS)
 
 
-@pytest.mark.parametrize("change, why", [
-    ({"temperature": 0.0}, "temperature 0.0 is below"),
-    ({"temperature": 0.01}, "temperature 0.01 is below"),
-    ({"prompts": (Prompt(1, (257, 259)),)}, "outside the vocabulary"),
-    ({"prompts": (Prompt(1, (5,)), Prompt(2, (10**6,)))}, "prompt 2 has token ids outside"),
-    ({"prompts": (Prompt(1, (97,) * 61),)}, "exceed the model's context of 64"),
-    ({"max_new_tokens": 60, "prompts": (Prompt(1, (97,) * 5),)}, "5 tokens plus 60 new"),
-    ({"stop_token_ids": (300,)}, "stop token ids outside"),
-])
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        ({"temperature": 0.0}, "temperature 0.0 is below"),
+        ({"temperature": 0.01}, "temperature 0.01 is below"),
+        ({"prompts": (Prompt(1, (257, 259)),)}, "outside the vocabulary"),
+        ({"prompts": (Prompt(1, (5,)), Prompt(2, (10**6,)))}, "prompt 2 has token ids outside"),
+        ({"prompts": (Prompt(1, (97,) * 61),)}, "exceed the model's context of 64"),
+        ({"max_new_tokens": 60, "prompts": (Prompt(1, (97,) * 5),)}, "5 tokens plus 60 new"),
+        ({"stop_token_ids": (300,)}, "stop token ids outside"),
+    ],
+)
 def test_unsafe_assignments_are_refused_with_the_reason(change, why):
     with pytest.raises(Refused, match=why):
         check_assignment(dataclasses.replace(GOOD, **change), LIMITS)
 
 
 # --- a version's weights and config: the learner's real default model ----------
+
 
 def published_version():
     """The built-in model's config and safetensors bytes, as a learner publishes them."""
@@ -67,13 +71,16 @@ def _with_config(**change):
     return json.dumps({**json.loads(CONFIG), **change})
 
 
-@pytest.mark.parametrize("change, why", [
-    ({"num_hidden_layers": 400}, "describes .* parameters but the weights hold"),
-    ({"hidden_size": 4096, "intermediate_size": 11008}, "describes .* parameters but the weights hold"),
-    ({"vocab_size": 10**9}, r"vocab_size = 1000000000 \(an integer in"),
-    ({"num_attention_heads": 0}, "num_attention_heads = 0"),
-    ({"intermediate_size": "big"}, "intermediate_size = 'big'"),
-])
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        ({"num_hidden_layers": 400}, "describes .* parameters but the weights hold"),
+        ({"hidden_size": 4096, "intermediate_size": 11008}, "describes .* parameters but the weights hold"),
+        ({"vocab_size": 10**9}, r"vocab_size = 1000000000 \(an integer in"),
+        ({"num_attention_heads": 0}, "num_attention_heads = 0"),
+        ({"intermediate_size": "big"}, "intermediate_size = 'big'"),
+    ],
+)
 def test_a_config_bigger_than_its_weights_is_refused_before_anything_is_built(change, why):
     with pytest.raises(Refused, match=why):
         check_version(_with_config(**change), WEIGHTS)
@@ -83,21 +90,26 @@ def _with_header(header: bytes, data: bytes = b"") -> bytes:
     return struct.pack("<Q", len(header)) + header + data
 
 
-@pytest.mark.parametrize("weights, why", [
-    (b"\x01\x02", "shorter than a safetensors header"),
-    (struct.pack("<Q", 2**62) + b"{}", "header of 4611686018427387904 bytes"),
-    (_with_header(b"{not json"), "not JSON"),
-    (_with_header(b"[1, 2]"), "not a table"),
-    (_with_header(b'{"t": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}', b"\0" * 8),
-     "does not match bytes 0..16 of 8"),
-    (_with_header(b'{"t": {"dtype": "F32", "shape": [3], "data_offsets": [0, 16]}}', b"\0" * 16),
-     "does not match"),
-    (_with_header(b'{"t": {"dtype": "Q4", "shape": [4], "data_offsets": [0, 16]}}', b"\0" * 16),
-     "malformed entry"),
-    (_with_header(b'{"t": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}}', b"\0" * 16),
-     "malformed entry"),
-    (_with_header(b'{"t": [1]}', b"\0" * 16), "malformed entry"),
-])
+@pytest.mark.parametrize(
+    "weights, why",
+    [
+        (b"\x01\x02", "shorter than a safetensors header"),
+        (struct.pack("<Q", 2**62) + b"{}", "header of 4611686018427387904 bytes"),
+        (_with_header(b"{not json"), "not JSON"),
+        (_with_header(b"[1, 2]"), "not a table"),
+        (
+            _with_header(b'{"t": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}', b"\0" * 8),
+            "does not match bytes 0..16 of 8",
+        ),
+        (_with_header(b'{"t": {"dtype": "F32", "shape": [3], "data_offsets": [0, 16]}}', b"\0" * 16), "does not match"),
+        (_with_header(b'{"t": {"dtype": "Q4", "shape": [4], "data_offsets": [0, 16]}}', b"\0" * 16), "malformed entry"),
+        (
+            _with_header(b'{"t": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}}', b"\0" * 16),
+            "malformed entry",
+        ),
+        (_with_header(b'{"t": [1]}', b"\0" * 16), "malformed entry"),
+    ],
+)
 def test_malformed_safetensors_headers_are_refused(weights, why):
     with pytest.raises(Refused, match=why):
         weight_elements(weights)
@@ -111,7 +123,7 @@ def test_any_corrupted_header_is_refused_or_still_describes_the_weights(data):
     raw = bytearray(WEIGHTS[: 8 + n + 64])  # the header and a little data: enough to corrupt
     for _ in range(data.draw(st.integers(1, 4))):
         raw[data.draw(st.integers(0, 8 + n - 1))] = data.draw(st.integers(0, 255))
-    weights = bytes(raw) + WEIGHTS[8 + n + 64:]
+    weights = bytes(raw) + WEIGHTS[8 + n + 64 :]
     try:
         elements = weight_elements(weights)
     except Refused:

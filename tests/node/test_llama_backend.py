@@ -85,9 +85,7 @@ def worst_difference(model, backend, rng, batches=4):
     """Largest and mean |llama - learner| log-prob over sampled tokens, and their count."""
     worst, total, tokens = 0.0, 0.0, 0
     for _ in range(batches):
-        prompts = [
-            (257, *(rng.randrange(97, 101) for _ in range(rng.randint(1, 12))), 61) for _ in range(4)
-        ]
+        prompts = [(257, *(rng.randrange(97, 101) for _ in range(rng.randint(1, 12))), 61) for _ in range(4)]
         groups = backend.generate(prompts, 16, 16, 1.0, (EOS,))
         # The learner's verification recompute.
         learner = grouped_logprobs(model, prompts, [[s.tokens for s in g] for g in groups], 256)
@@ -103,8 +101,9 @@ def test_llama_logprobs_match_the_learners_recompute(dtype, tmp_path):
     rng = random.Random(0)
     for name, model in policies():
         worst, mean, tokens = worst_difference(model, llama(dtype, tmp_path / name, model), rng)
-        print(f"llama.cpp {dtype} {name}: {tokens} tokens, |llama - learner| log-prob "
-              f"worst {worst:.2e} mean {mean:.2e}")
+        print(
+            f"llama.cpp {dtype} {name}: {tokens} tokens, |llama - learner| log-prob worst {worst:.2e} mean {mean:.2e}"
+        )
         assert tokens > 500
         if dtype in PARITY and name != "x3":
             assert worst <= PARITY[dtype], name
@@ -176,8 +175,9 @@ def test_export_refuses_what_llama_cpp_cannot_run(tmp_path):
     with pytest.raises(UnsupportedModel, match="llama architecture"):
         write_gguf(json.dumps({**config, "model_type": "gpt2"}), tensors, tmp_path / "m.gguf", "f32")
     with pytest.raises(UnsupportedModel, match="unexpected tensors"):
-        write_gguf(config_json(model), {**tensors, "extra.weight": tensors["model.norm.weight"]},
-                   tmp_path / "m.gguf", "f32")
+        write_gguf(
+            config_json(model), {**tensors, "extra.weight": tensors["model.norm.weight"]}, tmp_path / "m.gguf", "f32"
+        )
     with pytest.raises(ValueError, match="not one of"):
         write_gguf(config_json(model), tensors, tmp_path / "m.gguf", "q4_1")
     assert not list(tmp_path.iterdir())  # nothing half-written is left behind
@@ -193,8 +193,12 @@ def test_lora_versions_run_as_adapters_on_one_base(dtype, tmp_path):
 
     base = trained()
     frozen = state_bytes(base)
-    settings = LoraSettings(rank=4, alpha=8.0, dropout=0.0, targets=("q_proj", "k_proj", "v_proj", "o_proj",
-                                                                     "gate_proj", "up_proj", "down_proj"))
+    settings = LoraSettings(
+        rank=4,
+        alpha=8.0,
+        dropout=0.0,
+        targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    )
     policy = wrap(copy.deepcopy(base), settings)
     backend = LlamaBackend(dtype, threads=1, work_dir=tmp_path)
     loads = []

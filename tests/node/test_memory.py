@@ -18,11 +18,18 @@ from echo_node.memory import (
 )
 
 # SmolLM2-135M-Instruct's shape (its GGUF's config), without loading it.
-SMOLLM2 = json.dumps({
-    "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
-    "num_attention_heads": 9, "num_key_value_heads": 3, "max_position_embeddings": 8192,
-    "tie_word_embeddings": True,
-})
+SMOLLM2 = json.dumps(
+    {
+        "vocab_size": 49152,
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+    }
+)
 
 # Peak RSS growth of one torch generate call, in a fresh process (ru_maxrss is
 # a process-lifetime peak), next to the estimate for the same call.
@@ -56,8 +63,13 @@ print(json.dumps({"grew": peak - before, "estimate": need.total}))
 
 @pytest.mark.parametrize("prompts, group, new, vocab", [(4, 8, 64, 16384), (2, 8, 128, 32768)])
 def test_the_estimate_holds_what_torch_generation_really_allocates(prompts, group, new, vocab):
-    out = subprocess.run([sys.executable, "-c", PROBE, *map(str, (prompts, group, new, vocab))],
-                         capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, *map(str, (prompts, group, new, vocab))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     print(seen)
     assert seen["grew"] > 100 * 2**20  # the call allocates enough to measure
@@ -66,7 +78,9 @@ def test_the_estimate_holds_what_torch_generation_really_allocates(prompts, grou
 
 def test_dtype_auto_takes_the_most_exact_that_fits():
     shape = model_shape(SMOLLM2)
-    need = {d: (load_need(shape, "llama", d) + call_need(shape, "llama", 1, 0, 1)).total for d in ("f32", "f16", "q8_0")}
+    need = {
+        d: (load_need(shape, "llama", d) + call_need(shape, "llama", 1, 0, 1)).total for d in ("f32", "f16", "q8_0")
+    }
     assert need["f32"] > need["f16"] > need["q8_0"]
     assert choose_dtype(shape, "llama", "auto", need["f32"]) == "f32"
     assert choose_dtype(shape, "llama", "auto", need["f32"] - 1) == "f16"

@@ -24,9 +24,7 @@ def batch(identity: Identity = NODE, **overrides) -> RolloutBatch:
         dtype="f32",
         device="cpu",
         generate_ms=12,
-        groups=(
-            RolloutGroup(7, (Completion((97, 98, 258), (-0.5, -1.25, -0.01)), Completion((99,), (-2.0,)))),
-        ),
+        groups=(RolloutGroup(7, (Completion((97, 98, 258), (-0.5, -1.25, -0.01)), Completion((99,), (-2.0,)))),),
         signature=UNSIGNED,
     )
     fields.update(overrides)
@@ -35,12 +33,20 @@ def batch(identity: Identity = NODE, **overrides) -> RolloutBatch:
 
 def all_messages() -> list:
     signed_manifest, _ = manifest.build(
-        LEARNER, job_id="reverse-test", version=1, parent_version=0, task="reverse",
-        model_config="{}", tokenizer_digest=b"t" * 32, weights=b"w" * 3000, chunk_size=1024,
+        LEARNER,
+        job_id="reverse-test",
+        version=1,
+        parent_version=0,
+        task="reverse",
+        model_config="{}",
+        tokenizer_digest=b"t" * 32,
+        weights=b"w" * 3000,
+        chunk_size=1024,
     )
     receipt = LEARNER.sign(
-        Receipt("reverse-test", b"h" * 32, NODE.peer_id_str, 3, "accepted", "ok", 4, 4.0, 1,
-                LEARNER.peer_id_str, UNSIGNED)
+        Receipt(
+            "reverse-test", b"h" * 32, NODE.peer_id_str, 3, "accepted", "ok", 4, 4.0, 1, LEARNER.peer_id_str, UNSIGNED
+        )
     )
     return [
         WorkRequest("reverse-test", 4, -1, "torch", "f32", "node <b>one</b>", "private", "cuda", 8192, 1234.5),
@@ -56,8 +62,16 @@ def all_messages() -> list:
         ChunkRequest("reverse-test", 1, 2),
         ChunkData("reverse-test", 1, 2, b"\x00" * 100),
         ErrorReply("unknown_job", "no such job"),
-        LEARNER.sign(Invite("reverse-test", LEARNER.peer_id_str, ("/ip4/10.0.0.1/tcp/4001/p2p/" + NODE.peer_id_str,),
-                            ("/ip4/10.0.0.2/tcp/4002",), 5, UNSIGNED)),
+        LEARNER.sign(
+            Invite(
+                "reverse-test",
+                LEARNER.peer_id_str,
+                ("/ip4/10.0.0.1/tcp/4001/p2p/" + NODE.peer_id_str,),
+                ("/ip4/10.0.0.2/tcp/4002",),
+                5,
+                UNSIGNED,
+            )
+        ),
         PunchRequest(4001),
         PunchReady(50123),
         PunchResult(False, "no answer"),

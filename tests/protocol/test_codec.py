@@ -120,11 +120,18 @@ def test_mutated_frames_raise_only_typed_errors(msg, flips):
 
 
 @settings(max_examples=200)
-@given(st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=20) | st.binary(max_size=20),
-    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=8), children, max_size=5),
-    max_leaves=30,
-))
+@given(
+    st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers(-(2**63), 2**64 - 1)
+        | st.floats()
+        | st.text(max_size=20)
+        | st.binary(max_size=20),
+        lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=8), children, max_size=5),
+        max_leaves=30,
+    )
+)
 def test_arbitrary_msgpack_bodies_raise_only_typed_errors(body):
     for kind in ("WorkRequest", "RolloutBatch", "Manifest"):
         data = msgpack.packb([1, kind, body], use_bin_type=True)

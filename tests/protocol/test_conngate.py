@@ -41,8 +41,14 @@ async def ask(target) -> str:
 async def test_closed_inbound_connections_give_their_slot_back():
     # py-libp2p alone admits 10 inbound connections here (max - min) in the
     # process's whole life; with the gate, 10 at a time.
-    small = ConnectionConfig(max_connections=14, min_connections=4, low_watermark=8, high_watermark=12,
-                             max_connections_per_peer=1, inbound_upgrade_timeout=3.0)
+    small = ConnectionConfig(
+        max_connections=14,
+        min_connections=4,
+        low_watermark=8,
+        high_watermark=12,
+        max_connections_per_peer=1,
+        inbound_upgrade_timeout=3.0,
+    )
     server = serving("served", connections=small)
     async with server.run([parse_multiaddr(LOOPBACK)]):
         target = info_from_p2p_addr(parse_multiaddr(full_addrs(server)[0]))

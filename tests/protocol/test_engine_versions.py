@@ -14,8 +14,15 @@ CHUNK = 1024
 
 def version(v):
     return manifest.build(
-        LEARNER, job_id="reverse-test", version=v, parent_version=v - 1, task="reverse",
-        model_config="{}", tokenizer_digest=b"t" * 32, weights=bytes([v]) * (4 * CHUNK), chunk_size=CHUNK,
+        LEARNER,
+        job_id="reverse-test",
+        version=v,
+        parent_version=v - 1,
+        task="reverse",
+        model_config="{}",
+        tokenizer_digest=b"t" * 32,
+        weights=bytes([v]) * (4 * CHUNK),
+        chunk_size=CHUNK,
     )
 
 
@@ -29,9 +36,7 @@ def hold(store, m, chunks, n):
 async def test_a_download_half_done_is_finished_before_a_newer_version(tmp_path, held, follows):
     async with open_swarm(Identity.generate(), ["/ip4/127.0.0.1/tcp/0"], server=True) as swarm:
         store = VersionStore(tmp_path, learner_id=LEARNER.peer_id_str, keep=3)
-        engine = BroadcastEngine(
-            swarm, store, job_id="reverse-test", learner_id=LEARNER.peer_id_str, is_seed=False
-        )
+        engine = BroadcastEngine(swarm, store, job_id="reverse-test", learner_id=LEARNER.peer_id_str, is_seed=False)
         m1, chunks1 = version(1)
         engine.want(m1)
         hold(store, m1, chunks1, held)

@@ -34,13 +34,16 @@ def test_an_invite_signed_by_someone_else_is_refused():
         invite.parse(text)
 
 
-@pytest.mark.parametrize("text, why", [
-    ("", "starts with"),
-    ("echo2:abc", "starts with"),
-    ("echo1:", "damaged"),
-    ("echo1:!!!", "damaged"),
-    ("echo1:" + "A" * 20000, "too long"),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("", "starts with"),
+        ("echo2:abc", "starts with"),
+        ("echo1:", "damaged"),
+        ("echo1:!!!", "damaged"),
+        ("echo1:" + "A" * 20000, "too long"),
+    ],
+)
 def test_malformed_invites_are_refused_with_a_reason(text, why):
     with pytest.raises(invite.BadInvite, match=why):
         invite.parse(text)

@@ -14,8 +14,15 @@ WEIGHTS = bytes(range(256)) * 40  # 10,240 bytes
 
 def build(version=1, identity=LEARNER, weights=WEIGHTS):
     return manifest.build(
-        identity, job_id="job", version=version, parent_version=version - 1, task="reverse",
-        model_config="{}", tokenizer_digest=b"t" * 32, weights=weights, chunk_size=4096,
+        identity,
+        job_id="job",
+        version=version,
+        parent_version=version - 1,
+        task="reverse",
+        model_config="{}",
+        tokenizer_digest=b"t" * 32,
+        weights=weights,
+        chunk_size=4096,
     )
 
 

@@ -26,4 +26,3 @@ async def test_dialled_addresses_are_advertised_while_public():
 
         advertise_dialled(swarm, Reachability(PRIVATE))
         assert [str(a) for a in swarm.host.get_addrs()] == listen
-

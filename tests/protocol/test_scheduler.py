@@ -335,7 +335,6 @@ def test_the_endgame_copy_goes_to_the_seed_not_to_another_untried_announcer():
     assert d.next_requests(2.1 + d.config.seed_retry_s) == [("seed", 1)]
 
 
-
 def test_the_endgame_waits_a_few_typical_request_times():
     d = Download(4, set(), seed="seed", config=SchedulerConfig(endgame_factor=4.0), rng=random.Random(0))
     d.update_peer("seed", ALL & frozenset(range(4)))

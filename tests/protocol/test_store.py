@@ -13,8 +13,15 @@ from .samples import LEARNER, NODE
 def version(v, weights=None, identity=LEARNER):
     weights = weights if weights is not None else random.Random(v).randbytes(5000)
     return manifest.build(
-        identity, job_id="job", version=v, parent_version=v - 1, task="t", model_config="{}",
-        tokenizer_digest=bytes(32), weights=weights, chunk_size=2048,
+        identity,
+        job_id="job",
+        version=v,
+        parent_version=v - 1,
+        task="t",
+        model_config="{}",
+        tokenizer_digest=bytes(32),
+        weights=weights,
+        chunk_size=2048,
     )
 
 

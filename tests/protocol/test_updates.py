@@ -23,8 +23,17 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 def publisher(lora=None, base=None, ratio=0.9):
-    return Publisher(LEARNER, job_id="job", task="reverse", model_config="{}", tokenizer_digest=b"t" * 32,
-                     chunk_size=64 * 1024, max_update_ratio=ratio, lora=lora, frozen_base=base)
+    return Publisher(
+        LEARNER,
+        job_id="job",
+        task="reverse",
+        model_config="{}",
+        tokenizer_digest=b"t" * 32,
+        chunk_size=64 * 1024,
+        max_update_ratio=ratio,
+        lora=lora,
+        frozen_base=base,
+    )
 
 
 def nudge(model, scale=1e-4, seed=0):
@@ -86,8 +95,15 @@ def test_update_against_a_wrong_base_or_tampered_is_refused():
     update, chunks = pub.build(1, model)
     payload = b"".join(chunks)
     other, other_chunks = manifest.build(
-        LEARNER, job_id="job", version=0, parent_version=-1, task="reverse", model_config="{}",
-        tokenizer_digest=b"t" * 32, weights=base_file[:-1] + b"\x01", chunk_size=64 * 1024,
+        LEARNER,
+        job_id="job",
+        version=0,
+        parent_version=-1,
+        task="reverse",
+        model_config="{}",
+        tokenizer_digest=b"t" * 32,
+        weights=base_file[:-1] + b"\x01",
+        chunk_size=64 * 1024,
     )
     with pytest.raises(UpdateRefused, match="not against"):
         updates.rebuild(update, payload, other, b"".join(other_chunks))
@@ -104,8 +120,12 @@ def test_manifest_check_refuses_inconsistent_base_fields():
     base, _ = pub.build(0, model)
     nudge(model)
     update, _ = pub.build(1, model)
-    for bad in (dataclasses.replace(update, base_version=-1), dataclasses.replace(update, base_version=1),
-                dataclasses.replace(base, base_version=0), dataclasses.replace(update, base_digest=b"")):
+    for bad in (
+        dataclasses.replace(update, base_version=-1),
+        dataclasses.replace(update, base_version=1),
+        dataclasses.replace(base, base_version=0),
+        dataclasses.replace(update, base_digest=b""),
+    ):
         with pytest.raises(DecodeError):
             manifest.check(LEARNER.sign(bad), LEARNER.peer_id_str)
     with pytest.raises(DecodeError):
