@@ -71,7 +71,7 @@ format: install
 # Lint and the unit tests (tests/protocol, tests/learner, tests/node) that start
 # no swarm of processes: about 2 minutes on 2 cores.
 test-fast: lint install-llama
-	$(PY) -m pytest -q -m "not procs" tests/protocol tests/learner tests/node
+	$(PY) -m pytest -q -m "not procs" tests/protocol tests/learner tests/node tests/test_layout.py
 
 # Everything: unit tests, real swarms on loopback, the browser, NAT namespaces (~13 minutes).
 test: install-llama install-browser install-net

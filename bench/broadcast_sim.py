@@ -46,8 +46,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from protocol.broadcast.engine import BroadcastConfig  # noqa: E402
 from protocol.broadcast.scheduler import Download, SchedulerConfig  # noqa: E402
+from protocol.broadcast.settings import BroadcastConfig  # noqa: E402
 from protocol.broadcast.uploads import UploadPolicy, UploadQueue  # noqa: E402
 
 SEED = "seed"

@@ -92,7 +92,7 @@ def bare_tokens_per_s(backend, prompts, per: int, args, min_s: float) -> float:
 
 
 def make_backend(name: str, dtype: str, work_dir: Path, device: str):
-    from echo_node.backend import choose
+    from echo_node.backend_choice import choose
 
     backend, _ = choose(name, dtype, 1, work_dir, device)
     return backend
@@ -288,7 +288,7 @@ def main() -> int:
     args.backends = pairs(args.backends)
     args.node_backends = pairs(args.node_backends)
 
-    from echo_node.backend import llama_installed
+    from echo_node.backend_choice import llama_installed
 
     if not llama_installed():
         print("llama.cpp is not installed: pip install -e '.[llama]'", file=sys.stderr)

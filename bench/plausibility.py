@@ -61,7 +61,7 @@ def versions() -> list[torch.nn.Module]:
 
 
 def backend_for(name: str, dtype: str, device: str, work_dir: Path):  # type: ignore[no-untyped-def]
-    from echo_node.backend import choose
+    from echo_node.backend_choice import choose
 
     backend, _ = choose(name, dtype, 1, work_dir / f"{name}-{dtype}", device)
     return backend

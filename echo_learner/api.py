@@ -35,10 +35,10 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 import h11
@@ -51,7 +51,24 @@ from protocol.logs import event
 from protocol.wire.rollout import Receipt
 
 if TYPE_CHECKING:
-    from echo_learner.service import Learner
+    from echo_learner.heldout import HeldoutMonitor
+    from echo_learner.ledger import Ledger
+    from echo_learner.metrics import LearnerMetrics
+    from echo_learner.peers import PeerBook
+
+
+class Learner(Protocol):
+    """What the API reads of the learner (``echo_learner.service.Learner``,
+    which starts the API: it is imported by the service, never the other way)."""
+
+    history: Sequence[dict]
+    heldout: HeldoutMonitor
+    ledger: Ledger
+    metrics: LearnerMetrics
+    peers: PeerBook
+
+    def status(self) -> dict: ...
+
 
 log = logging.getLogger(__name__)
 

@@ -173,7 +173,7 @@ def join(config: NodeConfig, learner_addrs: tuple[str, ...], *, verbose: bool) -
 
     import trio
 
-    from echo_node.backend import BackendUnavailable, choose
+    from echo_node.backend_choice import BackendUnavailable, choose
     from echo_node.guard import Refused
     from echo_node.node import Node, NoLearnerFound
     from protocol.host import BadMultiaddr, check_addrs

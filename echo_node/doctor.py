@@ -31,7 +31,7 @@ from pathlib import Path
 
 from libp2p.peer.peerinfo import PeerInfo
 
-from echo_node.backend import BackendUnavailable, choose
+from echo_node.backend_choice import BackendUnavailable, choose
 from echo_node.config import NodeConfig
 from echo_node.device import Device, cpu, llama_gpu_kind, torch_gpu_kinds
 from echo_node.guard import Refused, model_shape

@@ -12,7 +12,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 from libp2p.peer.id import ID
@@ -22,7 +22,28 @@ from protocol.files import write_atomic
 from protocol.host import full_addrs
 
 if TYPE_CHECKING:
-    from echo_node.node import Node
+    from echo_node.backend import Backend
+    from protocol.broadcast.engine import BroadcastEngine
+    from protocol.reachability import Reachability
+    from protocol.swarm import Swarm
+
+
+class Node(Protocol):
+    """What the status file shows of a node (``echo_node.node.Node``, which
+    keeps the file written: it imports this module, never the other way)."""
+
+    me: str
+    job_id: str
+    learner: ID | None
+    version: int
+    backend: Backend | None
+    tokens_per_s: float
+    reachability: Reachability
+    swarm: Swarm | None
+    engine: BroadcastEngine | None
+    rollouts_sent: int
+    receipts_accepted: int
+
 
 EVERY_S = 2.0
 

@@ -16,7 +16,7 @@ from echo_learner.model import build_model, config_json
 from echo_learner.tolerance import tolerance
 from echo_learner.trainer import Objective, ScoredGroup, Trainer
 from echo_learner.verify import check_logprobs, logprob_error
-from echo_node.backend import choose, llama_installed
+from echo_node.backend_choice import choose, llama_installed
 from echo_node.device import llama_gpu_kind
 from protocol.messages import UNSIGNED
 from protocol.wire.rollout import Completion, RolloutBatch, RolloutGroup

@@ -27,9 +27,8 @@ import logging
 import math
 import random
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -43,8 +42,9 @@ from libp2p.peer.peerinfo import PeerInfo
 from protocol import manifest as manifests
 from protocol import updates
 from protocol.broadcast import bitfield
-from protocol.broadcast.scheduler import Download, SchedulerConfig
+from protocol.broadcast.scheduler import Download
 from protocol.broadcast.serving import ChunkServer, manifest_digest
+from protocol.broadcast.settings import BroadcastConfig, Stats
 from protocol.broadcast.store import VersionStore
 from protocol.dial import DialFailed, is_relayed
 from protocol.errors import ChunkHashMismatch, ProtocolError
@@ -78,96 +78,6 @@ class _OpenRequest:
 
 class VersionTooLarge(RequestFailed):
     """A signed manifest asks for more disk than ``max_version_bytes`` allows."""
-
-
-@dataclass(frozen=True)
-class BroadcastConfig:
-    max_upload_mbit: float = 0.0  # 0: uncapped
-    # Two uploads at a time and four queued: a chunk crosses a hop in about
-    # two chunk-times and the queue hides round trips. Long queues make
-    # requesters wait behind busy peers while others idle; very short ones
-    # starve CPU-bound hosts (docs/broadcast.md has the measurements).
-    upload_slots: int = 2
-    upload_queue: int = 4
-    max_peers: int = 16
-    # A fast uplink serves more at once and keeps more neighbours: one upload
-    # slot per slot_mbit of capped upload (at least upload_slots, the queue
-    # growing alike), and max_peers per peers_mbit (up to max_peers_limit).
-    # Each chunk's rate is also held back by its requester's downlink, so a
-    # 200 Mbit/s uplink with two slots idled at ~20 % in the simulator, with
-    # 16 neighbours it had too few requesters to serve.
-    slot_mbit: float = 10.0
-    peers_mbit: float = 20.0
-    max_peers_limit: int = 128
-    # A process dials peers until it has neighbour_limit of them, but accepts
-    # peers that dial it up to accept_factor times that: with one limit for
-    # both, the first nodes filled up with each other, fast nodes that came
-    # later found no room, and the nodes with the weakest neighbourhoods
-    # finished 25 % after the median (simulator, 300 and 1,000 nodes).
-    accept_factor: float = 2.0
-    # Once a chunk's bytes flow, a gap this long means the peer stalled and
-    # the request is reissued elsewhere (below yamux's 5 s reset). Before the
-    # first byte (queued at the uploader) the wait follows the measured
-    # request times (SchedulerConfig.timeout_*).
-    stall_s: float = 3.0
-    # Neighbour discovery runs this often, backing off (doubling) to
-    # discover_max_interval_s while it finds nobody new.
-    discover_interval_s: float = 2.0
-    discover_max_interval_s: float = 30.0
-    # Least time between two Have messages to one neighbour: each frame costs
-    # CPU on both sides; 50 ms adds little to a chunk's 100+ ms hop.
-    have_interval_s: float = 0.05
-    request_timeout_s: float = 10.0
-    # Stalls (within ban_s) after which a peer that has served us before is
-    # asked for nothing for ban_s (one stall suffices for a peer that never has).
-    stalls_to_ban: int = 2
-    ban_s: float = 600.0
-    # Upload write size: larger writes cost py-libp2p far less CPU per byte
-    # (~22 MB/s at 32 KiB, see docs/broadcast.md), while 256 KiB still paces
-    # a capped uplink in 25 ms steps at 80 Mbit/s.
-    piece_bytes: int = 256 * 1024
-    # Largest version this process will store (0: any). A node sets it from
-    # its disk quota, so that a manifest of thousands of chunks (signed by a
-    # hostile learner, or a mistake) is refused before anything is written.
-    max_version_bytes: int = 0
-    # False: take chunks but never announce or serve them (the "star"
-    # baseline of bench/broadcast.py, where only the seed uploads).
-    relay: bool = True
-    scheduler: SchedulerConfig = SchedulerConfig()
-
-    def slots(self, upload_mbit: float) -> int:
-        """Concurrent uploads for an uplink of ``upload_mbit`` (0: unknown)."""
-        return max(self.upload_slots, round(upload_mbit / self.slot_mbit))
-
-    def admitted(self, upload_mbit: float, *, seed: bool = False) -> int:
-        """Uploads admitted at once (running and queued). The seed admits
-        every request its neighbours may have open, since a ``busy`` answer
-        makes a requester rest: it would then get fewer fresh chunks to relay."""
-        if seed:
-            return self.accept_limit(upload_mbit) * self.scheduler.max_in_flight_per_peer
-        slots = self.slots(upload_mbit)
-        return slots + self.upload_queue * slots // self.upload_slots
-
-    def neighbour_limit(self, upload_mbit: float) -> int:
-        """Neighbours to dial for an uplink of ``upload_mbit`` (0: unknown)."""
-        scaled = round(self.max_peers * upload_mbit / self.peers_mbit)
-        return max(self.max_peers, min(self.max_peers_limit, scaled))
-
-    def accept_limit(self, upload_mbit: float) -> int:
-        """Most neighbours, counting those that dialled us."""
-        return round(self.accept_factor * self.neighbour_limit(upload_mbit))
-
-
-@dataclass
-class Stats:
-    bytes_from: Counter = field(default_factory=Counter)
-    chunks_from: Counter = field(default_factory=Counter)
-    bytes_up: int = 0
-    chunks_up: int = 0
-    banned: list[tuple[str, int]] = field(default_factory=list)  # (peer, version): hash mismatches
-    stalls: Counter = field(default_factory=Counter)
-    peer_bans: Counter = field(default_factory=Counter)  # peer -> times banned from downloads
-    completed_at: dict[int, float] = field(default_factory=dict)
 
 
 class BroadcastEngine:

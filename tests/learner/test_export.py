@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from echo_learner import checkpoint
 from echo_learner.model import load_model
-from echo_node.backend import llama_installed
+from echo_node.backend_choice import llama_installed
 
 pytestmark = pytest.mark.skipif(
     not llama_installed(), reason="llama.cpp not installed: pip install -e '.[llama]' (make test does)"

@@ -2,18 +2,18 @@
 
 import pytest
 
-from echo_node import backend
-from echo_node.backend import BackendUnavailable, choose, llama_installed
+from echo_node import backend_choice
+from echo_node.backend_choice import BackendUnavailable, choose, llama_installed
 
 
 def test_auto_falls_back_to_torch_and_says_why(monkeypatch, tmp_path):
-    monkeypatch.setattr(backend, "llama_installed", lambda: False)
+    monkeypatch.setattr(backend_choice, "llama_installed", lambda: False)
     chosen, why = choose("auto", "f32", 1, tmp_path)
     assert chosen.name == "torch" and "not installed" in why and "[llama]" in why
 
 
 def test_asking_for_llama_without_it_explains_how_to_install(monkeypatch, tmp_path):
-    monkeypatch.setattr(backend, "llama_installed", lambda: False)
+    monkeypatch.setattr(backend_choice, "llama_installed", lambda: False)
     with pytest.raises(BackendUnavailable, match=r"pip install .*\[llama\]"):
         choose("llama", "f32", 1, tmp_path)
 

@@ -18,7 +18,7 @@ from echo_learner.logprobs import grouped_logprobs
 from echo_learner.model import ModelShape, build_model, config_json
 from echo_learner.tolerance import tolerance
 from echo_learner.trainer import Objective, Trainer
-from echo_node.backend import llama_installed
+from echo_node.backend_choice import llama_installed
 
 pytestmark = pytest.mark.skipif(
     not llama_installed(), reason="llama.cpp not installed: pip install -e '.[llama]' (make test does)"

@@ -368,7 +368,7 @@ def test_the_seed_serves_first_whom_it_has_sent_least():
 
 
 def test_fast_uplinks_get_more_slots_and_neighbours():
-    from protocol.broadcast.engine import BroadcastConfig
+    from protocol.broadcast.settings import BroadcastConfig
 
     c = BroadcastConfig()
     assert (c.slots(0), c.admitted(0), c.neighbour_limit(0)) == (2, 6, 16)  # uncapped: unknown

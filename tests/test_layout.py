@@ -1,0 +1,79 @@
+"""How the packages depend on each other: one way, with no circles.
+
+Every import counts, at module level, under ``TYPE_CHECKING`` or inside a
+function: a circle of any kind ties two modules into one room.
+"""
+
+import ast
+import graphlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("protocol", "echo_node", "echo_learner", "bootstrap")
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def imports() -> dict[str, set[str]]:
+    """Each first-party module and the first-party modules it imports."""
+    known = modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in known.items():
+        targets: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(resolve(alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets.update(resolve(f"{node.module}.{alias.name}") or resolve(node.module) for alias in node.names)
+        graph[name] = {t for t in targets if t is not None and t != name}
+    return graph
+
+
+def test_no_module_imports_itself_back():
+    try:
+        tuple(graphlib.TopologicalSorter(imports()).static_order())
+    except graphlib.CycleError as exc:
+        raise AssertionError(f"import circle: {' -> '.join(exc.args[1])}") from None
+
+
+def test_packages_depend_one_way():
+    allowed = {
+        "protocol": {"protocol"},
+        "bootstrap": {"bootstrap", "protocol"},
+        "echo_node": {"echo_node", "protocol"},
+        "echo_learner": {"echo_learner", "protocol"},
+    }
+    wrong = [
+        f"{module} imports {target}"
+        for module, targets in imports().items()
+        for target in targets
+        if target.split(".")[0] not in allowed[module.split(".")[0]]
+    ]
+    assert wrong == []
+
+
+def test_the_checks_see_a_circle():
+    """The walk above finds imports of every kind (else the tests pass vacuously)."""
+    graph = imports()
+    assert "protocol.broadcast.serving" in graph["protocol.broadcast.engine"]  # module level
+    assert "echo_node.backend_llama" in graph["echo_node.backend_choice"]  # inside a function
+    assert "protocol.broadcast.engine" in graph["echo_node.status"]  # under TYPE_CHECKING
+    graph["protocol.codec"] = graph["protocol.codec"] | {"protocol.broadcast.engine"}
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError:
+        return
+    raise AssertionError("a circle through protocol.codec went unseen")
