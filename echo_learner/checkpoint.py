@@ -11,12 +11,13 @@ unpickling, even of our own files).
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from protocol.files import replacing
 
 FORMAT = 1
 
@@ -26,17 +27,8 @@ class CheckpointError(RuntimeError):
 
 
 def save(path: Path, state: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save({"format": FORMAT, **state}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with replacing(path, durable=True) as tmp:
+        torch.save({"format": FORMAT, **state}, tmp)
 
 
 def load(path: Path) -> dict[str, Any]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from protocol.bytevocab import byte_chars
+from protocol.files import replacing
 
 if TYPE_CHECKING:
     import gguf  # imported where used: only llama.cpp nodes need it
@@ -102,22 +102,15 @@ def atomic_writer(path: Path) -> Iterator[gguf.GGUFWriter]:
     under ``path`` if it raises."""
     import gguf
 
-    tmp = path.with_name(path.name + ".tmp")
-    writer = gguf.GGUFWriter(str(tmp), arch="llama")
-    try:
-        yield writer
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-    except BaseException:
-        with contextlib.suppress(Exception):
+    with replacing(path, durable=True) as tmp:
+        writer = gguf.GGUFWriter(str(tmp), arch="llama")
+        try:
+            yield writer
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
             writer.close()
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
 
 
 def _add_hyperparameters(writer: gguf.GGUFWriter, config: dict, dtype: str) -> None:

@@ -25,6 +25,7 @@ from libp2p.peer.id import ID
 
 from protocol.codec import canonical_bytes
 from protocol.errors import SignatureError
+from protocol.files import write_atomic
 
 T = TypeVar("T")
 
@@ -82,11 +83,7 @@ def load_or_exit(prog: str, path: Path) -> Identity:
 
 def save(identity: Identity, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(identity.seed.hex() + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, identity.seed.hex() + "\n", durable=True, mode=0o600)  # the key: only its owner reads it
 
 
 def load(path: Path) -> Identity:
