@@ -77,3 +77,27 @@ def test_the_checks_see_a_circle():
     except graphlib.CycleError:
         return
     raise AssertionError("a circle through protocol.codec went unseen")
+
+
+def test_protocol_imports_without_torch():
+    """Nodes and tools use protocol/ without torch (merging a LoRA adapter
+    imports it where it is done)."""
+    import subprocess
+    import sys
+
+    script = """
+import importlib, pkgutil, sys
+
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "torch":
+            raise ImportError("torch imported by " + sys._getframe(2).f_globals.get("__name__", "?"))
+
+sys.meta_path.insert(0, NoTorch())
+import protocol
+for module in pkgutil.walk_packages(protocol.__path__, "protocol."):
+    importlib.import_module(module.name)
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]
