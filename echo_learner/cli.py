@@ -351,22 +351,45 @@ def show(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(peers, indent=2))
         return
-    print(
-        f"{'peer':<14} {'backend':<7} {'dtype':<5} {'device':<6} {'free GiB':>8} {'tokens/s':>8} "
-        f"{'reachable':<10} {'connection':<10} "
-        f"{'version':>7} {'rollouts/s':>10} {'accepted':>8} {'refused':>7} {'seen':>6}  last verdict"
-    )
-    for p in peers:
+    from protocol.tables import print_table
+
+    def row(p: dict) -> list[object]:
         banned = f" BANNED {p['banned_for_s']:.0f}s" if p["banned_for_s"] else ""
-        reach = {"private": "behind NAT"}.get(p["reachability"], p["reachability"])
-        route = "relayed" if p["route"].startswith("relayed") else p["route"]
-        print(
-            f"…{p['peer'][-12:]:<13} {p['backend']:<7} {p['dtype']:<5} {p['device']:<6} "
-            f"{p['memory_mib'] / 1024:>8.1f} {p['tokens_per_s']:>8.0f} {reach:<10} {route:<10} "
-            f"{p['held_version']:>7} "
-            f"{p['rollouts_per_s']:>10.1f} {p['accepted']:>8} {p['refused']:>7} "
-            f"{p['last_seen_s']:>5.0f}s  {p['last_reason']}{banned}"
-        )
+        return [
+            "…" + p["peer"][-12:],
+            p["backend"],
+            p["dtype"],
+            p["device"],
+            f"{p['memory_mib'] / 1024:.1f}",
+            f"{p['tokens_per_s']:.0f}",
+            {"private": "behind NAT"}.get(p["reachability"], p["reachability"]),
+            "relayed" if p["route"].startswith("relayed") else p["route"],
+            p["held_version"],
+            f"{p['rollouts_per_s']:.1f}",
+            p["accepted"],
+            p["refused"],
+            f"{p['last_seen_s']:.0f}s",
+            p["last_reason"] + banned,
+        ]
+
+    columns = (
+        "peer",
+        "backend",
+        "dtype",
+        "device",
+        "free GiB",
+        "tokens/s",
+        "reachable",
+        "connection",
+        "version",
+        "rollouts/s",
+        "accepted",
+        "refused",
+        "seen",
+        "last verdict",
+    )
+    numeric = ("free GiB", "tokens/s", "version", "rollouts/s", "accepted", "refused", "seen")
+    print_table(columns, (row(p) for p in peers), numeric=numeric)
 
 
 # --- reading the data dir ---------------------------------------------------------
@@ -390,9 +413,13 @@ def ledger(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps({"contributors": [asdict(r) for r in rows], "refusals": refusals}, indent=2))
         return
-    print(f"{'#':>3} {'peer':<54} {'credit':>10} {'tokens':>9} {'rollouts':>9} {'accepted':>8} {'refused':>7}")
-    for i, r in enumerate(rows, 1):
-        print(f"{i:>3} {r.peer:<54} {r.credit:>10.0f} {r.tokens:>9} {r.rollouts:>9} {r.accepted:>8} {r.refused:>7}")
+    from protocol.tables import print_table
+
+    print_table(
+        ("#", "peer", "credit", "tokens", "rollouts", "accepted", "refused"),
+        ((i, r.peer, f"{r.credit:.0f}", r.tokens, r.rollouts, r.accepted, r.refused) for i, r in enumerate(rows, 1)),
+        numeric=("#", "credit", "tokens", "rollouts", "accepted", "refused"),
+    )
     if refusals:
         print("refused: " + ", ".join(f"{k} {v}" for k, v in sorted(refusals.items())))
 
