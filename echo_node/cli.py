@@ -76,7 +76,54 @@ def build_parser() -> Parser:
         help=f"the node's data dir (default: {default_data_dir()})",
     )
     status.add_argument("--json", action="store_true", help="print JSON")
+    add_service_commands(commands)
     return parser
+
+
+def add_service_commands(commands: argparse._SubParsersAction) -> None:
+    service = commands.add_parser(
+        "service",
+        help="start this node at login (a systemd user unit on Linux, a launchd agent on macOS)",
+        description="Install or remove a service that runs `echo-node join` at every login, at low "
+        "priority (nice 10, idle I/O), restarted when it fails, within the caps given.",
+    )
+    actions = service.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser, required=True)
+    for name, help_text in (
+        ("install", "write the unit (or agent) and start it now and at every login"),
+        ("uninstall", "stop the service and remove its unit (or agent); the node's data dir stays"),
+    ):
+        sub = actions.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument(
+            "--platform",
+            choices=("auto", "systemd", "launchd"),
+            default="auto",
+            help="auto: systemd on Linux, launchd on macOS",
+        )
+        sub.add_argument(
+            "--dir",
+            type=Path,
+            default=None,
+            help="where the unit goes (default: ~/.config/systemd/user or ~/Library/LaunchAgents)",
+        )
+        sub.add_argument(
+            "--no-enable",
+            action="store_true",
+            help="only write (or remove) the file; do not call systemctl or launchctl",
+        )
+        if name == "install":
+            sub.add_argument(
+                "--cpu-percent",
+                type=float,
+                default=0.0,
+                help="cap CPU at this percent of one core, e.g. 150 for 1.5 cores (systemd; 0: none)",
+            )
+            sub.add_argument("--memory-gib", type=float, default=0.0, help="cap memory at this many GiB (0: none)")
+            sub.add_argument(
+                "join_args",
+                nargs=argparse.REMAINDER,
+                metavar="-- JOIN-ARGS",
+                help="what `echo-node join` gets, after --: the invite and/or its settings",
+            )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,6 +134,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     if args.command == "status":
         show_status(args)
+        return
+    if args.command == "service":
+        service(args)
         return
     # ECHO_BOOTSTRAP (shared by every Echo Swarm command) ranks between the
     # flag and the TOML file, like our own variables.
@@ -108,6 +158,41 @@ def main(argv: list[str] | None = None) -> None:
         doctor(config, learner_addrs, as_json=args.json, verbose=args.verbose)
     else:
         join(config, learner_addrs, verbose=args.verbose)
+
+
+def service(args: argparse.Namespace) -> None:
+    from echo_node import service_unit
+
+    platform = args.platform
+    if platform == "auto":
+        platform = {"linux": "systemd", "darwin": "launchd"}.get(sys.platform)
+        if platform is None:
+            fail(PROG, f"no service support on {sys.platform}: run `echo-node join ...` from its own scheduler")
+    where = args.dir or service_unit.default_dir(platform)
+    try:
+        if args.action == "uninstall":
+            path = service_unit.uninstall(platform, where, enable=not args.no_enable)
+            print(f"removed {path}", flush=True)
+            return
+        join_args = args.join_args[1:] if args.join_args[:1] == ["--"] else args.join_args
+        check_join_args(join_args)
+        limits = service_unit.Limits(cpu_percent=args.cpu_percent, memory_gib=args.memory_gib)
+        if limits.cpu_percent < 0 or limits.memory_gib < 0:
+            fail(PROG, "--cpu-percent and --memory-gib must be 0 (no cap) or more")
+        path = service_unit.install(platform, join_args, limits, where, enable=not args.no_enable)
+    except service_unit.ServiceError as exc:
+        fail(PROG, str(exc))
+    started = "written (not enabled: --no-enable)" if args.no_enable else "installed and started; it starts at login"
+    print(f"{path}: {started}", flush=True)
+
+
+def check_join_args(join_args: list[str]) -> None:
+    """Refuse what `echo-node join` would refuse, before a service runs it in a loop."""
+    args = build_parser().parse_args(["join", *join_args])  # exits with join's usage error
+    config = resolve_or_exit(PROG, NodeConfig, args, ENV_PREFIX)
+    config, _ = apply_invite(config, args.invite)
+    if not config.bootstrap and not config.mdns:
+        fail(PROG, "the service needs a bootstrap peer: pass the invite or --bootstrap after --")
 
 
 def apply_invite(config: NodeConfig, text: str | None) -> tuple[NodeConfig, tuple[str, ...]]:
