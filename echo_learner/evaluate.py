@@ -11,6 +11,7 @@ ship. Each accuracy comes with a 95 % confidence interval.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import random
@@ -18,13 +19,13 @@ import threading
 from dataclasses import asdict, dataclass
 
 import torch
-from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
 
 from echo_learner.device import of as device_of
 from echo_learner.lora import restore
 from echo_learner.model import render_prompt, stop_ids
 from echo_learner.tasks.base import Task, TaskError
+from protocol.progress import progress
 
 SOLVED = 0.9
 Z95 = 1.96
@@ -82,6 +83,7 @@ def complete(
     desc: str,
     temperature: float = 1.0,
     stop: threading.Event | None = None,
+    show_progress: bool = False,
 ) -> list[list[str]]:
     """``samples`` completions of each prompt, as text up to the first stop
     token; ``Stopped`` soon after ``stop`` is set."""
@@ -90,34 +92,38 @@ def complete(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     rows = [p for p in prompts for _ in range(samples)]
     texts: list[str] = []
-    for start in tqdm(range(0, len(rows), batch), desc=desc, unit="batch", disable=None):
-        chunk = rows[start : start + batch]
-        width = max(len(r) for r in chunk)
-        input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        attention = torch.zeros_like(input_ids)
-        for i, r in enumerate(chunk):  # left padding, as generation needs
-            input_ids[i, width - len(r) :] = torch.tensor(r)
-            attention[i, width - len(r) :] = 1
-        sampling = (
-            {"do_sample": False}
-            if greedy
-            else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-        )
-        where = device_of(model)
-        out = model.generate(
-            input_ids=input_ids.to(where),
-            attention_mask=attention.to(where),
-            max_new_tokens=max_new_tokens,
-            eos_token_id=sorted(stops),
-            pad_token_id=pad,
-            stopping_criteria=StoppingCriteriaList([_UntilSet(stop)]),
-            **sampling,
-        )
-        if stop.is_set():
-            raise Stopped
-        for row in out[:, width:].tolist():
-            end = next((i for i, t in enumerate(row) if t in stops), len(row))
-            texts.append(tokenizer.decode(row[:end], skip_special_tokens=True))
+    # A bar only where asked (echo-learner eval): the learner's held-out runs beside its training bar.
+    shown = progress(desc, len(rows)) if show_progress else contextlib.nullcontext(lambda *_, **__: None)
+    with shown as bar:
+        for start in range(0, len(rows), batch):
+            chunk = rows[start : start + batch]
+            width = max(len(r) for r in chunk)
+            input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            attention = torch.zeros_like(input_ids)
+            for i, r in enumerate(chunk):  # left padding, as generation needs
+                input_ids[i, width - len(r) :] = torch.tensor(r)
+                attention[i, width - len(r) :] = 1
+            sampling = (
+                {"do_sample": False}
+                if greedy
+                else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+            )
+            where = device_of(model)
+            out = model.generate(
+                input_ids=input_ids.to(where),
+                attention_mask=attention.to(where),
+                max_new_tokens=max_new_tokens,
+                eos_token_id=sorted(stops),
+                pad_token_id=pad,
+                stopping_criteria=StoppingCriteriaList([_UntilSet(stop)]),
+                **sampling,
+            )
+            if stop.is_set():
+                raise Stopped
+            for row in out[:, width:].tolist():
+                end = next((i for i, t in enumerate(row) if t in stops), len(row))
+                texts.append(tokenizer.decode(row[:end], skip_special_tokens=True))
+            bar(start + len(chunk))
     return [texts[i : i + samples] for i in range(0, len(texts), samples)]
 
 
@@ -134,6 +140,7 @@ def evaluate(
     seed: int = 0,
     temperature: float = 1.0,
     stop: threading.Event | None = None,
+    show_progress: bool = False,
 ) -> dict:
     """Greedy accuracy and pass@1 over ``k`` samples on ``n`` held-out
     prompts; ``Stopped`` soon after ``stop`` is set."""
@@ -144,7 +151,7 @@ def evaluate(
         random.seed(seed)
         torch.manual_seed(seed)
     prompts = [render_prompt(tokenizer, p.text, system_prompt) for p in heldout]
-    common = {"max_new_tokens": max_new_tokens, "batch": batch, "stop": stop}
+    common = {"max_new_tokens": max_new_tokens, "batch": batch, "stop": stop, "show_progress": show_progress}
     greedy = complete(model, tokenizer, prompts, samples=1, greedy=True, desc="greedy", **common)
     rewards = [task.reward(p, c[0]) for p, c in zip(heldout, greedy)]
     result: dict = {
@@ -205,6 +212,7 @@ def command(args: argparse.Namespace, prog: str) -> None:
         max_new_tokens=args.max_new_tokens or saved.get("max_new_tokens") or task.max_new_tokens,
         system_prompt=args.system_prompt or saved.get("system_prompt") or task.system_prompt,
         temperature=args.temperature or saved.get("temperature", 1.0),
+        show_progress=True,
     )
     result["model"] = describe(source)
     result["temperature"] = args.temperature or saved.get("temperature", 1.0)

@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 import trio
-from tqdm import tqdm
 
 from echo_learner import checkpoint
 from echo_learner.bootstrap_probe import BootstrapProbe
@@ -56,6 +55,7 @@ from protocol.ids import JOB_DIRECTORY_KEY, manifest_key
 from protocol.lan import discover_lan
 from protocol.logs import event
 from protocol.messages import MAX_PROMPT_TOKENS, Manifest
+from protocol.progress import progress
 from protocol.rpc import serve
 from protocol.swarm import Swarm, connect_bootstrap, open_swarm
 from protocol.wire import receipts, rollout, work
@@ -355,34 +355,32 @@ class Learner:
     async def train(self) -> None:
         cfg = self.config
         sync = cfg.mode == "sync"
-        bar = tqdm(total=cfg.steps, initial=self.step, desc="training", unit="step", disable=None)
-        if not sync:
-            self.pool.set_open(True)  # async: nodes generate while the learner trains
-        while self.step < cfg.steps:
-            if sync:
-                self.pool.set_open(True, min_version=self.version)
-            batch = await self.pool.take_batch(cfg.prompts_per_step, self.version - cfg.window)
-            if sync:
-                self.pool.set_open(False)
-            staleness = sum(self.version - r.version for r in batch) / len(batch)
-            t0 = time.monotonic()
-            # A step once begun is counted even if we are stopped meanwhile:
-            # its thread changes the weights whatever happens here, and the
-            # checkpoint written on the way out must say which step they are.
-            with trio.CancelScope(shield=True):
-                stats: StepStats = await trio.to_thread.run_sync(self.trainer.step, [r.group for r in batch])
-                self.step += 1
-            trained = time.monotonic()
-            self.meter.on_train(t0, trained)
-            if self.publish_due():
-                await self.publish()
-            if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
-                await self.save_checkpoint()
-            self.meter.on_bookkeeping(time.monotonic() - trained)
-            self._write_metrics(stats, staleness)
-            bar.set_postfix(reward=f"{stats.reward_mean:.3f}", version=self.version)
-            bar.update(1)
-        bar.close()
+        with progress("training", cfg.steps, completed=self.step) as bar:
+            if not sync:
+                self.pool.set_open(True)  # async: nodes generate while the learner trains
+            while self.step < cfg.steps:
+                if sync:
+                    self.pool.set_open(True, min_version=self.version)
+                batch = await self.pool.take_batch(cfg.prompts_per_step, self.version - cfg.window)
+                if sync:
+                    self.pool.set_open(False)
+                staleness = sum(self.version - r.version for r in batch) / len(batch)
+                t0 = time.monotonic()
+                # A step once begun is counted even if we are stopped meanwhile:
+                # its thread changes the weights whatever happens here, and the
+                # checkpoint written on the way out must say which step they are.
+                with trio.CancelScope(shield=True):
+                    stats: StepStats = await trio.to_thread.run_sync(self.trainer.step, [r.group for r in batch])
+                    self.step += 1
+                trained = time.monotonic()
+                self.meter.on_train(t0, trained)
+                if self.publish_due():
+                    await self.publish()
+                if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                    await self.save_checkpoint()
+                self.meter.on_bookkeeping(time.monotonic() - trained)
+                self._write_metrics(stats, staleness)
+                bar(self.step, reward=f"{stats.reward_mean:.3f}", version=self.version)
 
     def publish_due(self) -> bool:
         """Publish after every step in sync mode; in async mode paced by

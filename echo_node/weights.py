@@ -3,12 +3,9 @@ shown as a progress bar."""
 
 from __future__ import annotations
 
-import time
-
-from tqdm import tqdm
-
 from protocol.broadcast.engine import BroadcastEngine
 from protocol.messages import Manifest
+from protocol.progress import progress
 
 
 async def download_newer(engine: BroadcastEngine, manifest: Manifest, held: int) -> int:
@@ -19,17 +16,10 @@ async def download_newer(engine: BroadcastEngine, manifest: Manifest, held: int)
     download that is well under way before it starts a newer one.
     """
     engine.want(manifest)
-    start = time.monotonic()
-    bar = tqdm(
-        total=len(manifest.chunk_hashes), desc=f"weights v{manifest.version}", unit="chunk", disable=None, leave=False
-    )
+    total = manifest.total_size
+    with progress(f"weights v{manifest.version}", total, in_bytes=True, transient=True) as bar:
 
-    def progress(held_chunks: int, peers: int) -> None:
-        mb = held_chunks * manifest.chunk_size / 1e6
-        bar.n = held_chunks
-        bar.set_postfix(MBps=f"{mb / max(time.monotonic() - start, 1e-3):.1f}", peers=peers)
+        def update(held_chunks: int, peers: int) -> None:
+            bar(min(held_chunks * manifest.chunk_size, total), peers=peers)
 
-    try:
-        return await engine.wait_newer(held, progress)
-    finally:
-        bar.close()
+        return await engine.wait_newer(held, update)

@@ -20,7 +20,8 @@ def run(*args: object, timeout: float = 600) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_the_wheel_installs_into_a_fresh_venv_and_its_commands_run(tmp_path):
-    run(sys.executable, "-m", "build", "--wheel", "--outdir", tmp_path / "dist", ROOT)
+    # The sdist first, then the wheel from it (as PyPI users get it; no stale build/ in the tree).
+    run(sys.executable, "-m", "build", "--outdir", tmp_path / "dist", ROOT)
     (wheel,) = (tmp_path / "dist").glob("echo_swarm-*.whl")
     env = tmp_path / "venv"
     venv.create(env, with_pip=True)
