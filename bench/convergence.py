@@ -10,7 +10,8 @@ scheduling, not contention for the CPU.
 
 Prints (``--json``) the time each mode took to reach --threshold (mean reward
 over the last 5 steps) and their ratio, the rewards at the same step count
-(mean of the last 10 steps) and their gap, the learner utilization measured in
+(mean of the last tenth of the steps, the plateau) and their gap, signed and
+absolute, the learner utilization measured in
 the async run, the mean error of the capacity model's live forecasts made
 during it (each forecast of the next minute checked against that minute), and
 the share of batches refused for being out of the staleness window.
@@ -40,6 +41,12 @@ from echo_learner.verify import OUT_OF_WINDOW  # noqa: E402
 PUBLISH_EVERY = 3
 SMOOTH = 5
 FINAL = 10
+
+
+def plateau(metrics: list[dict]) -> float:
+    """Mean reward over the last tenth of the steps (at least FINAL): where a
+    run has levelled off, less noisy than its last few steps."""
+    return round(mean([m["reward_mean"] for m in metrics[-max(FINAL, len(metrics) // 10) :]]), 4)
 
 
 def mean(xs: list[float]) -> float:
@@ -165,6 +172,7 @@ def main() -> int:
             async_time_to_threshold_s=time_to_threshold(async_, args.threshold),
             async_s=async_[-1]["elapsed_s"],
             async_final_reward=round(mean([m["reward_mean"] for m in async_[-FINAL:]]), 4),
+            async_plateau=plateau(async_),
             async_learner_utilization=async_[-1]["utilization"],
             async_max_step_gap_s=max_step_gap(async_),
             forecast_error=async_[-1]["forecast_error"],
@@ -178,6 +186,7 @@ def main() -> int:
             sync_time_to_threshold_s=sync_t,
             sync_s=sync[-1]["elapsed_s"],
             sync_final_reward=round(mean([m["reward_mean"] for m in sync[-FINAL:]]), 4),
+            sync_plateau=plateau(sync),
             sync_learner_utilization=sync[-1]["utilization"],
             sync_max_step_gap_s=max_step_gap(sync),
             sync_stale_refused_fraction=stale_refused_fraction(sync),
@@ -185,7 +194,9 @@ def main() -> int:
         if not args.only_sync:
             # Both ran the same number of steps: the rewards at equal steps.
             result["async_over_sync_time"] = round(async_t / sync_t, 3) if sync_t and async_t else None
-            result["plateau_gap"] = round(abs(result["sync_final_reward"] - result["async_final_reward"]), 4)
+            delta = result["async_plateau"] - result["sync_plateau"]
+            result["plateau_gap"] = round(abs(delta), 4)
+            result["async_minus_sync_plateau"] = round(delta, 4)  # > 0: async learned more in as many steps
     result["wall_s"] = round(time.monotonic() - started, 1)
     if args.json:
         print(json.dumps(result))
