@@ -15,6 +15,7 @@ can resume with a different ``--train-procs``.
 
 from __future__ import annotations
 
+import copy
 import hmac
 import io
 import json
@@ -68,8 +69,9 @@ def load_full_state(model: torch.nn.Module, data: bytes) -> None:
     ``model``; only tied tensors may be missing."""
     state = load_tensors(data)
     missing, unexpected = model.load_state_dict(state, strict=False)
-    loaded = {t.data_ptr() for name, t in model.state_dict().items() if name in state}
-    untied = [name for name in missing if model.state_dict()[name].data_ptr() not in loaded]
+    own = model.state_dict()
+    loaded = {t.data_ptr() for name, t in own.items() if name in state}
+    untied = [name for name in missing if own[name].data_ptr() not in loaded]
     if unexpected or untied:
         raise TrainGroupError(f"the ranks' weights do not fit the model: missing {untied[:3]}, extra {unexpected[:3]}")
 
@@ -126,7 +128,11 @@ class TrainGroup:
         finally:
             server.close()
         event(log, logging.INFO, "training ranks started", procs=procs, pid=self.process.pid)
-        self._call({"op": "load", "model": full_state_bytes(model)})
+        try:
+            self._call({"op": "load", "model": full_state_bytes(model)})
+        except BaseException:
+            self.close()
+            raise
 
     def _accept(self, server: socket.socket, key: bytes, timeout_s: float) -> Connection:
         deadline = time.monotonic() + timeout_s
@@ -184,8 +190,6 @@ class TrainGroup:
             self._stale = False
 
     def snapshot(self) -> torch.nn.Module:
-        import copy
-
         self.sync()
         return copy.deepcopy(self.model).eval().requires_grad_(False)
 
