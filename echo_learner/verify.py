@@ -81,6 +81,15 @@ STRIKES = frozenset(
 # hand, sampled from another model, or greedily drift far from 0 (a forger can
 # always report the exact log-probs of tokens it chose: the tolerance alone
 # cannot catch that). The limits (``Tolerance.z``) are in echo_learner/tolerance.py.
+#
+# Not quite normal where the policy is peaked: one honest token drawn at
+# p = 1e-4 from a distribution of entropy ~0.01 is ~9 nats out while the whole
+# batch's standard deviation is ~1, so a batch of one prompt scored |z| > 8
+# about once in 750 (bench/convergence.py, sync, reward 0.8: two honest
+# batches refused, each a strike and a 33 s pause). The largest single
+# deviation is therefore added to the variance: one rare token moves z by
+# less than 1, k of them by about k, while a forger's many shifted tokens
+# still add up (tests/learner/test_logprob_check.py).
 
 
 @dataclass(frozen=True)
@@ -277,9 +286,10 @@ def logprob_error(
         for c, stats in zip(group.completions, recomputed_group)
     ]
     diff = torch.cat([(stats.logprobs - reported).abs() for stats, reported in pairs])
-    surprise = sum(float((-stats.logprobs - stats.entropy).sum()) for stats, _ in pairs)
-    variance = sum(float(stats.variance.sum()) for stats, _ in pairs)
-    z = surprise / math.sqrt(variance) if variance > 0 else 0.0
+    deviations = torch.cat([-stats.logprobs - stats.entropy for stats, _ in pairs])
+    # The largest single deviation joins the variance, so no one token decides.
+    spread = sum(float(stats.variance.sum()) for stats, _ in pairs) + float(deviations.abs().max()) ** 2
+    z = float(deviations.sum()) / math.sqrt(spread) if spread > 0 else 0.0
     return LogprobError(worst=float(diff.max()), mean=float(diff.mean()), surprise_z=z)
 
 
