@@ -29,7 +29,7 @@ from echo_learner.pool import Assignment, PromptPool, Rollouts
 from echo_learner.sizing import Worker, prompts_for
 from echo_learner.tasks.base import Task
 from echo_learner.trainer import ScoredGroup
-from echo_learner.verify import ACCEPTED, OUT_OF_WINDOW, Limits, Policies, Window, verify_batch
+from echo_learner.verify import ACCEPTED, Limits, Policies, Window, verify_batch
 from protocol import codec
 from protocol.errors import ProtocolError
 from protocol.identity import Identity
@@ -339,10 +339,12 @@ class Ingest:
             self.counters.batches_refused += 1
             self.counters.refused[reason] += 1
             event(log, logging.INFO, "refused batch", peer=sender, reason=reason, version=batch.version)
-            if reason == OUT_OF_WINDOW:
-                # Made in good faith with a version we have since left behind:
-                # its prompts go out again now, and their lapse is no strike.
-                self.pool.release(sender, [g.prompt_id for g in batch.groups])
+            # Its prompts go to another node now, not at their deadline (a
+            # sync step would wait that long for them); the sender keeps none
+            # of them. Their lapse is no strike: a batch made in good faith
+            # with a version we have since left behind earns none, and any
+            # other refusal is struck once, by the ledger's verdict.
+            self.pool.release(sender, [g.prompt_id for g in batch.groups])
         # generate_ms is the node's own word; it only feeds the capacity forecast.
         self.peers.on_verdict(sender, receipt.reason, rollouts, receipt.tokens, cycle_s, batch.generate_ms / 1000)
         return receipt
