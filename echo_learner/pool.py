@@ -40,6 +40,7 @@ class Assignment:
     deadline: float  # trio clock
     handed_at: float  # trio clock
     holders: list[str] = field(default_factory=list)  # every peer it was ever given to
+    given_back: list[str] = field(default_factory=list)  # peers that released it (their batch was refused)
     answered: bool = False
     lapse_charged: bool = False  # its expiry was counted against the holder
 
@@ -192,6 +193,7 @@ class PromptPool:
             a = self.assignments.get(pid)
             if a is not None and a.peer == peer and self._live(a, now):
                 a.deadline, a.lapse_charged = now - 1e-9, True
+                a.given_back.append(peer)
         self._notify()
 
     def lookup(self, prompt_id: int) -> Assignment | None:

@@ -249,6 +249,8 @@ def _assignments_open(batch: RolloutBatch, sender: str, pool: PromptPool) -> str
         a = pool.lookup(group.prompt_id)
         if a is None:  # forgotten meanwhile: the pool's memory is bounded
             return REASSIGNED
+        if sender in a.given_back:  # its batch for them was refused: no honest node sends another
+            return NOT_ASSIGNED
         if a.answered:
             return ANSWERED
         if a.peer != sender:

@@ -40,8 +40,11 @@ async def test_a_refused_batch_gives_its_prompts_to_the_next_node_at_once(autoju
         assert (receipt.verdict, receipt.reason) == ("refused", v.BAD_SIGNATURE)
         # Not 30 s later: now, to the next node that asks.
         assert [a.prompt_id for a in pool.take("honest", 1, version=3)] == [7]
+        # The refused node has no claim on them left: another batch for them is a strike too.
+        again = await ingest._judge(NODE.peer_id_str, batch(groups=(GOOD,)))
+        assert (again.verdict, again.reason) == ("refused", v.NOT_ASSIGNED)
         await trio.sleep(31)
         pool.take("third", 1, version=3)  # lapses are charged when prompts are handed out
-        assert len(peers.peers[NODE.peer_id_str].strikes) == 1  # the refusal's strike, no lapse on top
+        assert len(peers.peers[NODE.peer_id_str].strikes) == 2  # the two refusals' strikes, no lapse on top
     finally:
         ledger.close()
