@@ -96,7 +96,6 @@ class TrainGroup:
 
     def __init__(self, model: torch.nn.Module, *, procs: int, settings: dict, start_timeout_s: float = START_TIMEOUT_S):
         self.model = model
-        self.procs = procs
         self._lock = threading.Lock()
         self._stale = False  # the ranks trained since ``model`` was refreshed
         self._dir = tempfile.mkdtemp(prefix="echo-train-")  # 0700: only this user can connect
@@ -192,12 +191,6 @@ class TrainGroup:
     def snapshot(self) -> torch.nn.Module:
         self.sync()
         return copy.deepcopy(self.model).eval().requires_grad_(False)
-
-    def weights(self) -> bytes:
-        from echo_learner.lora import state_bytes
-
-        self.sync()
-        return state_bytes(self.model)
 
     def optimizer_state(self) -> dict:
         data = self._call({"op": "optimizer"})["optimizer"]
