@@ -26,9 +26,10 @@ import trio
 
 from echo_learner import checkpoint
 from echo_learner.bootstrap_probe import BootstrapProbe
-from echo_learner.capacity import FORECASTS_PER_WINDOW, WARMUP_STEPS, CapacityMeter, forecast, publish_due
+from echo_learner.capacity import CapacityMeter, forecast
 from echo_learner.config import LearnerConfig
 from echo_learner.device import choose as choose_device
+from echo_learner.directory import JobDirectory
 from echo_learner.heldout import HeldoutMonitor
 from echo_learner.ingest import Ingest, now_ms
 from echo_learner.job_bounds import check_answers_fit, check_prompts_fit
@@ -36,6 +37,7 @@ from echo_learner.ledger import Ledger
 from echo_learner.lora import LoraSettings, adapter_state, describe_lora, load_adapter_state, state_bytes, wrap
 from echo_learner.metrics import LearnerMetrics
 from echo_learner.model import config_json, describe, load_model, render_prompt, stop_ids, tokenizer_digest
+from echo_learner.pacing import Pacing
 from echo_learner.peers import PeerBook
 from echo_learner.pool import PromptPool
 from echo_learner.publishing import Publisher
@@ -51,7 +53,6 @@ from protocol.broadcast.store import VersionStore
 from protocol.files import write_atomic
 from protocol.host import full_addrs
 from protocol.identity import Identity
-from protocol.ids import JOB_DIRECTORY_KEY, manifest_key
 from protocol.lan import discover_lan
 from protocol.logs import event
 from protocol.messages import MAX_PROMPT_TOKENS, Manifest
@@ -63,7 +64,6 @@ from protocol.wire.have import Have
 
 log = logging.getLogger(__name__)
 
-DHT_TIMEOUT_S = 10.0
 HISTORY_STEPS = 5000  # step records kept in memory for the status API
 
 
@@ -166,9 +166,7 @@ class Learner:
         self.checkpointed_step = 0  # the step the checkpoint on disk holds
         self.started = time.time()
         self.history: deque[dict] = deque(maxlen=HISTORY_STEPS)
-        # The newest manifest not yet in the DHT (see _keep_manifest_in_dht).
-        self._unput: tuple[int, bytes] | None = None
-        self._unput_changed = trio.Event()
+        self.pacing = Pacing(config, self.meter, self.peers, self.history)
         self.ingest = Ingest(
             config,
             identity,
@@ -193,6 +191,7 @@ class Learner:
             current_version=lambda: self.version,
         )
         self.swarm: Swarm | None = None
+        self.directory: JobDirectory | None = None
         self.bootstrap_probe: BootstrapProbe | None = None
         self.engine: BroadcastEngine | None = None
         self.addrs: list[str] = []
@@ -218,6 +217,7 @@ class Learner:
                 trio.open_nursery() as nursery,
             ):
                 self.swarm = swarm
+                self.directory = JobDirectory(swarm, self.me)
                 if cfg.mdns:
                     await nursery.start(discover_lan, swarm, cfg.bootstrap_timeout_s)
                 await connect_bootstrap(swarm, cfg.bootstrap, cfg.bootstrap_timeout_s)
@@ -246,14 +246,14 @@ class Learner:
                 self.publisher.adopt_base(store)
                 await nursery.start(self.engine.run)
                 nursery.start_soon(self.heldout.run)
-                nursery.start_soon(self._check_forecasts)
+                nursery.start_soon(self.pacing.check_forecasts)
                 api_url = await nursery.start(serve_api, self, cfg.status_host, cfg.status_port, cfg.status_token)
                 # Atomically: `status`, the demo and tests read it while we run.
                 write_atomic(cfg.api_path, json.dumps({"url": api_url, "pid": os.getpid()}))
                 await self.publish(first_version=resumed_version)
-                await self._put_manifest()  # joining nodes read it: before the job is announced
-                nursery.start_soon(self._keep_manifest_in_dht)
-                await self.announce()
+                await self.directory.put_manifest()  # joining nodes read it: before the job is announced
+                nursery.start_soon(self.directory.keep_manifest)
+                await self.directory.announce()
                 self.addrs = full_addrs(host)
                 task_status.started((self.addrs, api_url))
                 await self.train()
@@ -335,14 +335,6 @@ class Learner:
             )
         return first_version
 
-    async def announce(self) -> None:
-        """Tell the DHT that this learner runs a job, so nodes can find it."""
-        assert self.swarm is not None
-        with trio.move_on_after(DHT_TIMEOUT_S) as scope:
-            ok = await self.swarm.dht.provide(JOB_DIRECTORY_KEY)
-        if scope.cancelled_caught or not ok:
-            event(log, logging.WARNING, "could not announce the job in the DHT yet")
-
     def _new_prompt(self) -> tuple[TaskPrompt, tuple[int, ...]]:
         prompt = self.task.sample(self.rng)
         return prompt, self._tokens(prompt)
@@ -374,7 +366,7 @@ class Learner:
                     self.step += 1
                 trained = time.monotonic()
                 self.meter.on_train(t0, trained)
-                if self.publish_due():
+                if self.pacing.publish_due():
                     await self.publish()
                 if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
                     await self.save_checkpoint()
@@ -382,63 +374,9 @@ class Learner:
                 self._write_metrics(stats, staleness)
                 bar(self.step, reward=f"{stats.reward_mean:.3f}", version=self.version)
 
-    def publish_due(self) -> bool:
-        """Publish after every step in sync mode; in async mode paced by
-        ``capacity.publish_due`` (measured at 20 Mbit/s, where a version took
-        1.2 s to spread and 3 steps 0.9 s: unpaced, 3 % of honest batches were
-        refused as out of the window)."""
-        cfg, meter = self.config, self.meter
-        return cfg.mode == "sync" or publish_due(
-            publish_every=cfg.publish_every,
-            steps_since=meter.steps_since_publish,
-            since_publish_s=time.monotonic() - meter.last_published,
-            broadcast_s=meter.broadcast_s,
-        )
-
-    async def _check_forecasts(self) -> None:
-        """Every few seconds, forecast the next window's utilization from this
-        run's measurements, and check earlier forecasts against what happened
-        (``CapacityMeter.on_forecast``)."""
-        while True:
-            inputs = self.capacity_inputs()
-            if len(self.history) >= WARMUP_STEPS and inputs["supply_rps"] > 0:  # measured in this run
-                self.meter.on_forecast(forecast(**inputs).utilization)
-            else:
-                self.meter.settle()
-            # A sampling period, not synchronisation.
-            await trio.sleep(self.config.capacity_window_s / FORECASTS_PER_WINDOW)
-
-    def forecast_check(self) -> dict:
-        """How the capacity forecasts of this run fared (status, metrics)."""
-        error = self.meter.forecast_error()
-        last = self.meter.last_settled
-        return {
-            "forecast_error": None if error is None else round(error, 4),
-            "last_forecast": None if last is None else round(last[0], 4),
-            "last_measured": None if last is None else round(last[1], 4),
-        }
-
-    def capacity_inputs(self) -> dict:
-        """What the capacity model is fed now (``echo_learner.capacity.forecast``'s arguments)."""
-        cfg = self.config
-        active = self.peers.active(within_s=cfg.capacity_window_s)
-        cycles = [p.cycle_s for p in active if p.cycle_s > 0]
-        return {
-            "staleness": cfg.window,
-            "publish_every": 1 if cfg.mode == "sync" else max(cfg.publish_every, self.meter.steps_per_version),
-            "rollouts_per_step": cfg.prompts_per_step * cfg.group_size,
-            "train_s": round(self.meter.train_s, 4),
-            "bookkeeping_s": round(self.meter.bookkeeping_s, 4),
-            "verify_s": round(self.meter.verify_s_per_rollout * cfg.prompts_per_step * cfg.group_size, 4),
-            "publish_s": round(self.meter.publish_s, 4),
-            "broadcast_s": round(self.meter.broadcast_s, 4),
-            "cycle_s": round(sum(cycles) / len(cycles), 4) if cycles else 0.0,
-            "supply_rps": round(sum(p.rate for p in active), 3),
-        }
-
     def _write_metrics(self, stats: StepStats, staleness: float) -> None:
         c = self.ingest.counters
-        inputs = self.capacity_inputs()
+        inputs = self.pacing.inputs()
         record = {
             "step": self.step - 1,
             "version": self.version,
@@ -458,7 +396,7 @@ class Learner:
             "utilization": round(self.meter.utilization(), 4),
             "capacity": inputs,
             "predicted_utilization": round(forecast(**inputs).utilization, 4),
-            **self.forecast_check(),
+            **self.pacing.forecast_check(),
         }
         self.history.append(record)
         with open(self.config.metrics_path, "a") as f:
@@ -508,9 +446,9 @@ class Learner:
         self, version: int, build: Callable[[int], tuple[Manifest, list[bytes]]], *, policy: bool
     ) -> None:
         """Chunk and sign ``version``, record it durably, seed it into the
-        broadcast, and leave its manifest for the DHT (``_keep_manifest_in_dht``).
+        broadcast, and leave its manifest for the DHT (``JobDirectory``).
         ``policy``: rollouts may be made with it (else it is only a base)."""
-        assert self.swarm is not None and self.engine is not None
+        assert self.directory is not None and self.engine is not None
         t0 = time.monotonic()
 
         def build_all() -> tuple[Manifest, list[bytes], torch.nn.Module | None]:
@@ -529,28 +467,7 @@ class Learner:
         self.version = version
         self.pool.set_open(self.pool.open, min_version=version - self.config.window)
         self.meter.on_publish(version, t0, time.monotonic())
-        self._unput = (version, encoded)
-        self._unput_changed.set()
-
-    async def _keep_manifest_in_dht(self) -> None:
-        """Put each new manifest in the DHT, off the training loop: a put waits
-        on the peers closest to the key, and one that answers slowly (any
-        stranger can join the DHT) held every step for up to DHT_TIMEOUT_S.
-        Versions published meanwhile are skipped; the newest is put next."""
-        while True:
-            await self._unput_changed.wait()
-            self._unput_changed = trio.Event()
-            await self._put_manifest()
-
-    async def _put_manifest(self) -> None:
-        assert self.swarm is not None
-        if self._unput is None:
-            return
-        (version, encoded), self._unput = self._unput, None
-        with trio.move_on_after(DHT_TIMEOUT_S) as scope:
-            await self.swarm.dht.put_value(manifest_key(self.me), encoded)
-        if scope.cancelled_caught:
-            event(log, logging.WARNING, "DHT put of the manifest timed out", version=version)
+        self.directory.published(version, encoded)
 
     def _on_have(self, peer: str, have: Have) -> None:
         m = self.engine.store.manifests.get(have.version) if self.engine else None
@@ -568,7 +485,7 @@ class Learner:
     def status(self) -> dict:
         cfg = self.config
         c = self.ingest.counters
-        inputs = self.capacity_inputs()
+        inputs = self.pacing.inputs()
         recent = list(self.history)[-20:]
         steps_per_s = 0.0
         if len(recent) >= 2 and recent[-1]["time"] > recent[0]["time"]:
@@ -598,7 +515,7 @@ class Learner:
             "peers": len(self.peers.active(within_s=cfg.capacity_window_s)),
             "utilization": round(self.meter.utilization(), 4),
             "measurements": inputs,
-            "capacity": {**forecast(**inputs).to_json(), **self.forecast_check()},
+            "capacity": {**forecast(**inputs).to_json(), **self.pacing.forecast_check()},
             "broadcast": self._broadcast_status(),
             "bootstrap": self.bootstrap_probe.to_json() if self.bootstrap_probe else [],
             "addrs": self.addrs,

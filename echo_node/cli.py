@@ -260,7 +260,8 @@ def join(config: NodeConfig, learner_addrs: tuple[str, ...], *, verbose: bool) -
 
     from echo_node.backend_choice import BackendUnavailable, choose
     from echo_node.guard import Refused
-    from echo_node.node import Node, NoLearnerFound
+    from echo_node.learner_lookup import NoLearnerFound
+    from echo_node.node import Node
     from protocol.host import BadMultiaddr, check_addrs
     from protocol.identity import load_or_exit
     from protocol.messages import MAX_NAME
@@ -304,7 +305,8 @@ def credits(config: NodeConfig, learner_addrs: tuple[str, ...], *, as_json: bool
     import json
     from collections import Counter
 
-    from echo_node.node import Node, NoLearnerFound
+    from echo_node.learner_lookup import NoLearnerFound
+    from echo_node.node import Node
     from protocol.host import BadMultiaddr
     from protocol.identity import load_or_exit
     from protocol.rpc import RequestFailed

@@ -178,7 +178,8 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
             )
             return checks
 
-        from echo_node.node import Node, NoLearnerFound
+        from echo_node.learner_lookup import NoLearnerFound
+        from echo_node.node import Node
 
         node = Node(config, identity, learner_addrs=learner_addrs)
         node.swarm = swarm

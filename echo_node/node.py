@@ -12,7 +12,6 @@ pause; Ctrl-C cancels the stages and the host closes its connections.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -21,49 +20,41 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
-from libp2p.network.exceptions import SwarmException
 from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import PeerInfo
 from safetensors import SafetensorError
 
-from echo_node import status
+from echo_node import receipts, status
 from echo_node.backend import Backend, generate_in_calls
 from echo_node.config import NodeConfig
 from echo_node.guard import ModelLimits, ModelShape, Refused, check_assignment, check_version, model_shape
+from echo_node.learner_lookup import find_learner, relocate_learner
 from echo_node.memory import GiB, fit_backend, free_bytes, gib, load_need, prompts_per_call
 from echo_node.weights import download_newer
 from protocol import codec, updates
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine, VersionTooLarge
 from protocol.broadcast.store import VersionStore
-from protocol.errors import ProtocolError, SignatureError
-from protocol.host import parse_multiaddr, parse_peer_addr
-from protocol.identity import Identity, verify
-from protocol.ids import JOB_DIRECTORY_KEY, RELAY_DIRECTORY_KEY, manifest_key
+from protocol.errors import ProtocolError
+from protocol.host import parse_peer_addr
+from protocol.identity import Identity
+from protocol.ids import RELAY_DIRECTORY_KEY
 from protocol.lan import discover_lan
 from protocol.logs import event
 from protocol.messages import UNSIGNED, ErrorReply, Manifest
 from protocol.reachability import PRIVATE, PUBLIC, Reachability, check_reachability
-from protocol.records import InvalidRecord, decode_record
 from protocol.rpc import RequestFailed, request
 from protocol.swarm import (
     Swarm,
     advertise_dialled,
     announce,
     connect_bootstrap,
-    find_providers,
     open_swarm,
 )
 from protocol.updates import UpdateRefused
-from protocol.wire import receipts, rollout, work
-from protocol.wire.receipts import ReceiptQuery
+from protocol.wire import rollout, work
 from protocol.wire.rollout import Completion, Receipt, RolloutBatch, RolloutGroup
 from protocol.wire.work import NoWork, WorkAssignment, WorkRequest
 
 log = logging.getLogger(__name__)
-
-
-class NoLearnerFound(LookupError):
-    """No learner announced a job in the DHT within the discovery timeout."""
 
 
 class Node:
@@ -211,7 +202,7 @@ class Node:
                     # Exponential backoff for a learner that may be restarting
                     # or gone, not synchronisation.
                     await trio.sleep(self._backoff_s(failures))
-                    await self.relocate_learner()
+                    await relocate_learner(self.swarm, self.learner, self.config.request_timeout_s)
                     continue
                 if failures:
                     event(log, logging.WARNING, "learner is back", after_failures=failures)
@@ -257,75 +248,11 @@ class Node:
             in_flight.release()
 
     async def find_learner(self) -> None:
-        """Look up a learner in the DHT and read its job from its signed manifest record."""
+        """Look up a learner and read its job from its signed manifest record
+        (``echo_node.learner_lookup``); ``NoLearnerFound`` if none answers."""
         assert self.swarm is not None
-        wanted = self.config.learner
-        if wanted and self.learner_addrs:
-            # An invite said where the learner listens: no DHT walk needed.
-            addrs = [parse_multiaddr(a) for a in self.learner_addrs]
-            if await self._try_learner(PeerInfo(ID.from_base58(wanted), addrs)):
-                return
-        # With no bootstrap peer only the LAN can answer, and soon if at all.
-        patience = self.config.discovery_timeout_s if self.config.bootstrap else self.config.lan_wait_s
-        with trio.move_on_after(patience):
-            while True:
-                found = await find_providers(self.swarm, JOB_DIRECTORY_KEY, self.config.request_timeout_s)
-                for peer, info in found.items():
-                    if wanted and peer != wanted:
-                        continue
-                    if await self._try_learner(info):
-                        return
-                await trio.sleep(self.config.retry_s)
-        if not self.config.bootstrap:
-            raise NoLearnerFound(
-                f"no learner answered on the local network (mDNS) within {patience:.0f} s and no "
-                "bootstrap peer was given: paste the invite the learner's operator gave you "
-                "(echo-node join echo1:...), or pass --bootstrap ADDR"
-            )
-        raise NoLearnerFound(f"no learner{' ' + wanted if wanted else ''} found in the DHT within {patience:.0f} s")
-
-    async def relocate_learner(self) -> bool:
-        """Look the learner up again in the DHT: a learner restarted on another
-        port or machine announces its new addresses there. Only the learner's
-        own peer id is followed (Noise proves who answers at the address)."""
-        assert self.swarm is not None and self.learner is not None
-        found = await find_providers(self.swarm, JOB_DIRECTORY_KEY, self.config.request_timeout_s)
-        info = found.get(self.learner.to_base58())
-        if info is None or not info.addrs:
-            return False
-        host = self.swarm.host
-        # py-libp2p refuses to redial a peer for 60 s after a failed dial; the
-        # learner may be back (here or elsewhere) well before that.
-        host.get_network().unblock_peer(self.learner)
-        known = set(map(str, host.get_peerstore().addrs(self.learner)))
-        if known == set(map(str, info.addrs)):
-            return False
-        host.get_peerstore().clear_addrs(self.learner)
-        host.get_peerstore().add_addrs(self.learner, info.addrs, 3600)
-        event(log, logging.WARNING, "the learner moved; trying its new address", addrs=[str(a) for a in info.addrs])
-        return True
-
-    async def _try_learner(self, info: PeerInfo) -> bool:
-        assert self.swarm is not None
-        key = manifest_key(info.peer_id.to_base58())
-        try:
-            with trio.fail_after(self.config.request_timeout_s):
-                if info.addrs:
-                    await self.swarm.host.connect(info)
-                value = await self.swarm.dht.get_value(key)
-            if value is None:
-                return False
-            record = decode_record(key, value)
-        except (trio.TooSlowError, InvalidRecord, OSError, SwarmException) as exc:
-            event(log, logging.INFO, "skipping learner", peer=info.peer_id, error=exc)
-            return False
-        if self.config.job_id and record.job_id != self.config.job_id:
-            event(log, logging.INFO, "skipping learner of another job", peer=info.peer_id, job=record.job_id)
-            return False
-        self.learner = info.peer_id
-        self.job_id = record.job_id
-        self.record = record
-        return True
+        found = await find_learner(self.swarm, self.config, self.learner_addrs)
+        self.learner, self.record, self.job_id = found.peer, found.record, found.record.job_id
 
     async def _delay(self) -> None:
         """Emulated wide-area latency before a learner message (benchmarks only)."""
@@ -518,7 +445,12 @@ class Node:
         reply = await self.submit(batch)
         if isinstance(reply, ErrorReply):
             raise RequestFailed(f"learner refused the batch: {reply.code}: {reply.message}")
-        self._check_receipt(batch, reply)
+        assert self.learner is not None
+        receipts.check_receipt(batch, reply, self.learner.to_base58(), self.me, self.job_id)
+        if reply.verdict == "accepted":
+            self.receipts_accepted += 1
+        else:
+            event(log, logging.WARNING, "batch refused", reason=reply.reason, version=batch.version)
         event(
             log,
             logging.DEBUG,
@@ -528,7 +460,7 @@ class Node:
             verdict=reply.verdict,
         )
         self.rollouts_sent += sum(len(g.completions) for g in batch.groups)
-        self._save_receipt(reply)
+        receipts.save_receipt(self.config.receipts_path, reply, self.config.receipts_max_mb)
 
     async def make_batch(self, work: WorkAssignment) -> RolloutBatch:
         """Generate the assignment's groups with the weights we hold; sign them."""
@@ -576,62 +508,7 @@ class Node:
             timeout_s=self.config.request_timeout_s,
         )
 
-    async def fetch_receipts(self, page_size: int = receipts.MAX_PER_PAGE) -> list[Receipt]:
+    async def fetch_receipts(self) -> list[Receipt]:
         """Every receipt the learner holds for this node, each signature checked."""
         assert self.swarm is not None and self.learner is not None
-        held: list[Receipt] = []
-        after = 0
-        while True:
-            query = ReceiptQuery(self.job_id, after, page_size)
-            page = await request(
-                self.swarm.host,
-                self.learner,
-                receipts.PROTOCOL,
-                lambda stream: receipts.ask(stream, query),
-                timeout_s=self.config.request_timeout_s,
-            )
-            if isinstance(page, ErrorReply):
-                raise RequestFailed(f"learner refused the receipts query: {page.code}: {page.message}")
-            for receipt in page.receipts:
-                self._check_receipt_origin(receipt)
-            held.extend(page.receipts)
-            if not page.more:
-                return held
-            after = page.last_id
-
-    def _check_receipt_origin(self, receipt: Receipt) -> None:
-        assert self.learner is not None
-        try:
-            verify(receipt, self.learner.to_base58())
-        except SignatureError as exc:
-            raise RequestFailed(f"receipt not signed by the learner: {exc}") from exc
-        if receipt.peer_id != self.me or receipt.job_id != self.job_id:
-            raise RequestFailed("receipt is for another node or job")
-
-    def _check_receipt(self, batch: RolloutBatch, receipt: Receipt) -> None:
-        self._check_receipt_origin(receipt)
-        if receipt.batch_hash != codec.digest(batch):
-            raise RequestFailed("receipt is for another batch")
-        if receipt.verdict == "accepted":
-            self.receipts_accepted += 1
-        else:
-            event(log, logging.WARNING, "batch refused", reason=receipt.reason, version=batch.version)
-
-    def _save_receipt(self, receipt: Receipt) -> None:
-        line = {
-            "batch_hash": receipt.batch_hash.hex(),
-            "version": receipt.version,
-            "verdict": receipt.verdict,
-            "reason": receipt.reason,
-            "tokens": receipt.tokens,
-            "credit": receipt.credit,
-            "receipt": codec.encode(receipt).hex(),
-        }
-        path = self.config.receipts_path
-        # Bounded on disk: past the cap the file becomes receipts.jsonl.1
-        # (replacing the previous one). The learner's ledger keeps every
-        # receipt; `echo-node credits` fetches them from there.
-        if path.exists() and path.stat().st_size >= self.config.receipts_max_mb * 2**20:
-            os.replace(path, path.with_name(path.name + ".1"))
-        with open(path, "a") as f:
-            f.write(json.dumps(line) + "\n")
+        return await receipts.fetch_all(self.swarm, self.learner, self.me, self.job_id, self.config.request_timeout_s)

@@ -18,6 +18,11 @@
   ban the peer from our downloads for ``ban_s``.
 - Finds neighbours through DHT provider records of the job's swarm key.
 
+The parts live beside it: ``scheduler`` (which chunk to ask of whom),
+``requests`` (one chunk request and its streams), ``penalties`` (strikes and
+bans), ``discovery`` (finding neighbours), ``serving`` and ``uploads`` (the
+other side of a request), ``store`` (chunks on disk).
+
 ``run`` owns every task; cancelling it closes every stream.
 """
 
@@ -28,7 +33,6 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -42,19 +46,22 @@ from libp2p.peer.peerinfo import PeerInfo
 from protocol import manifest as manifests
 from protocol import updates
 from protocol.broadcast import bitfield
+from protocol.broadcast import requests as outcomes
+from protocol.broadcast.discovery import discover_neighbours
+from protocol.broadcast.penalties import Penalties
+from protocol.broadcast.requests import ChunkRequests, discard
 from protocol.broadcast.scheduler import Download
 from protocol.broadcast.serving import ChunkServer, manifest_digest
 from protocol.broadcast.settings import BroadcastConfig, Stats
 from protocol.broadcast.store import VersionStore
 from protocol.dial import DialFailed, is_relayed
-from protocol.errors import ChunkHashMismatch, ProtocolError
-from protocol.ids import swarm_key
+from protocol.errors import ProtocolError
 from protocol.logs import event
 from protocol.messages import ErrorReply, Manifest
 from protocol.rpc import RequestFailed, remote_peer, request, route, serve
-from protocol.swarm import Swarm, announce, find_providers, reach
+from protocol.swarm import Swarm, reach
 from protocol.wire import chunk, have
-from protocol.wire.chunk import ChunkRequest, ManifestRequest
+from protocol.wire.chunk import ManifestRequest
 from protocol.wire.have import Have
 
 log = logging.getLogger(__name__)
@@ -66,14 +73,6 @@ MAX_TRUSTED = 4096
 # mid-dial (py-libp2p's errors share no base class below Exception); none may
 # stop the engine. Anything else is a bug.
 PEER_ERRORS = (ProtocolError, StreamError, SwarmException, HostException, RequestFailed, OSError)
-
-
-@dataclass
-class _OpenRequest:
-    scope: trio.CancelScope
-    started: float
-    guessed: bool  # its timeout is the first guess, made before any request time was measured
-    received: int = 0  # bytes so far
 
 
 class VersionTooLarge(RequestFailed):
@@ -106,18 +105,13 @@ class BroadcastEngine:
         self._queued: Manifest | None = None  # the newest version, once the current one is done
         self.target: Manifest | None = store.newest()
         self.server = ChunkServer(self)
-        # Idle chunk streams per peer, reused request after request: a fresh
-        # py-libp2p yamux stream starts with a 256 KiB window and polls every
-        # 10 ms once it is spent; a reused one has grown its window.
-        self._lanes: dict[str, list[INetStream]] = {}
+        self.requests = ChunkRequests(swarm, store, job_id, config.stall_s, self.stats)
+        self.penalties = Penalties(config, self.stats, on_ban=self._on_ban)
         self._learning: set[int] = set()
         self._relayed: set[str] = set()  # neighbours reached only through a relay
-        self._open: dict[tuple[str, int], _OpenRequest] = {}  # chunk requests under way
         # Peers that have sent us a good chunk: asked first, and given a second
         # chance after a stall.
         self._trusted: set[str] = set()
-        self._stall_times: dict[str, list[float]] = {}  # recent stalls per peer
-        self._banned_until: dict[str, float] = {}  # peers we ask for nothing (they stalled or lied)
         self._local_changed = trio.Event()
         self._wake_downloader = trio.Event()
         self._progress = trio.Event()
@@ -136,7 +130,16 @@ class BroadcastEngine:
         host.set_stream_handler(chunk.PROTOCOL, serve(chunk.PROTOCOL, self.server.serve, math.inf))
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(self._discover_loop)
+            nursery.start_soon(
+                discover_neighbours,
+                self.swarm,
+                self.job_id,
+                self.config,
+                self.neighbours,
+                self.max_neighbours,
+                self.connect,
+                nursery,
+            )
             nursery.start_soon(self._download_loop)
             task_status.started()
 
@@ -350,12 +353,11 @@ class BroadcastEngine:
         finally:
             self.neighbours.pop(peer, None)
             self._relayed.discard(peer)
-            for lane in self._lanes.pop(peer, []):
-                await _discard(lane)
+            await self.requests.forget(peer)
             if self.download is not None:
                 self.download.remove_peer(peer)
             self._poke_downloader()
-            await _discard(stream)
+            await discard(stream)
 
     async def _have_writer(self, stream: INetStream) -> None:
         last = None
@@ -477,35 +479,32 @@ class BroadcastEngine:
                 for peer, idx in d.next_requests(now):
                     self._nursery.start_soon(self._fetch_chunk, d, m, peer, idx)
                 deadline = d.next_wakeup(now)
-                # A request sent before any request time was measured waits
-                # a first guess; once one is measured, it gets a measured
-                # timeout (a stalling peer asked first need not be waited out).
-                if d.durations:
-                    for (peer, _), open_request in self._open.items():
-                        if open_request.guessed and not open_request.received:
-                            open_request.scope.deadline = open_request.started + d.request_timeout(peer)
-                            open_request.guessed = False
+                self.requests.retime(d)
             with trio.move_on_at(deadline):
                 await wake.wait()
 
     async def _fetch_chunk(self, d: Download, m: Manifest, peer: str, idx: int) -> None:
-        outcome = "failed"
+        outcome = outcomes.FAILED
         try:
-            outcome = await self._request_chunk(m, peer, idx, d.request_timeout(peer))
+            outcome = await self.requests.request(
+                m,
+                peer,
+                idx,
+                d.request_timeout(peer),
+                guessed=not d.durations,
+                is_neighbour=self.neighbours.__contains__,
+                announces=self._announces,
+            )
         except PEER_ERRORS as exc:
             event(log, logging.DEBUG, "chunk request failed", peer=peer, idx=idx, error=exc)
         now = trio.current_time()
         event(log, logging.DEBUG, "chunk request ended", peer=peer[-6:], idx=idx, outcome=outcome)
-        if outcome == "ok":
+        if outcome == outcomes.OK:
             d.on_done(peer, idx, now)
             if len(self._trusted) >= MAX_TRUSTED:
                 self._trusted.clear()
             self._trusted.add(peer)
-            # An endgame copy got here first: the other request ends now, and
-            # a peer that sent no byte of it while the copy came is stalling.
-            for (other, i), open_request in list(self._open.items()):
-                if i == idx and other != peer:
-                    open_request.scope.cancel()
+            self.requests.cancel_copies(idx, done_by=peer)
             if self.store.complete(m.version):
                 self.stats.completed_at.setdefault(m.version, time.time())
                 queued, self._queued = self._queued, None
@@ -513,107 +512,32 @@ class BroadcastEngine:
                     self._follow(queued)
             self._poke_local()
         else:
-            if outcome == "bad":
+            if outcome == outcomes.BAD:
                 self.stats.banned.append((peer, m.version))
-                self._ban(peer, "sent a chunk that failed its hash", version=m.version, chunk=idx)
-            elif outcome == "denied":
-                self._ban(peer, "denied a chunk it announces", version=m.version, chunk=idx)
-            elif outcome == "stalled" and not self.banned(peer) and peer != self.learner_id:
-                self._strike(peer)
+                self.penalties.ban(peer, "sent a chunk that failed its hash", version=m.version, chunk=idx)
+            elif outcome == outcomes.DENIED:
+                self.penalties.ban(peer, "denied a chunk it announces", version=m.version, chunk=idx)
+            elif outcome == outcomes.STALLED and not self.banned(peer) and peer != self.learner_id:
+                self.penalties.strike(peer, self._trusted)
             d.on_failed(
                 peer,
                 idx,
                 now,
-                bad=outcome in ("bad", "denied"),
-                stalled=outcome == "stalled",
-                busy=outcome == "busy",
-                declined=outcome in ("ask_others", "overtaken"),
+                bad=outcome in (outcomes.BAD, outcomes.DENIED),
+                stalled=outcome == outcomes.STALLED,
+                busy=outcome == chunk.BUSY,
+                declined=outcome in (chunk.ASK_OTHERS, outcomes.OVERTAKEN),
             )
             self._poke_downloader()
 
     # --- peers that waste our time -------------------------------------------------
 
     def banned(self, peer: str) -> bool:
-        return self._banned_until.get(peer, 0.0) > trio.current_time()
+        return self.penalties.banned(peer)
 
-    def _strike(self, peer: str) -> None:
-        now = trio.current_time()
-        # Bounded: stalls older than ban_s are forgotten, for every peer.
-        for p in [p for p, times in self._stall_times.items() if times[-1] < now - self.config.ban_s]:
-            del self._stall_times[p]
-        recent = [t for t in self._stall_times.get(peer, []) if t > now - self.config.ban_s] + [now]
-        self._stall_times[peer] = recent
-        # A peer that never sent us a chunk has no good record to weigh
-        # against a stall.
-        if len(recent) >= self.config.stalls_to_ban or peer not in self._trusted:
-            self._ban(peer, f"stalled {len(recent)} times")
-
-    def _ban(self, peer: str, why: str, **fields: Any) -> None:
-        now = trio.current_time()
-        for p in [p for p, until in self._banned_until.items() if until < now]:  # bounded
-            del self._banned_until[p]
-        self._banned_until[peer] = now + self.config.ban_s
-        self._stall_times.pop(peer, None)
-        self.stats.peer_bans[peer] += 1
-        event(
-            log,
-            logging.WARNING,
-            f"peer {why}; asking it for nothing for {self.config.ban_s:.0f} s",
-            peer=peer,
-            **fields,
-        )
+    def _on_ban(self, peer: str) -> None:
         if self.download is not None:
             self.download.drop(peer)
-
-    async def _request_chunk(self, m: Manifest, peer: str, idx: int, timeout_s: float) -> str:
-        """One chunk request; returns ok, busy, ask_others, bad, denied, stalled
-        (no byte within ``timeout_s``, or none for ``stall_s`` once they flow),
-        overtaken (another peer's copy came first) or failed."""
-        lanes = self._lanes.setdefault(peer, [])
-        stream = lanes.pop() if lanes else None
-        reusable = False
-        started = trio.current_time()
-        with trio.CancelScope(deadline=started + timeout_s) as scope:
-            guessed = self.download is None or not self.download.durations
-            open_request = self._open[(peer, idx)] = _OpenRequest(scope, started, guessed)
-
-            def progress(n: int) -> None:
-                open_request.received += n
-                scope.deadline = trio.current_time() + self.config.stall_s
-
-            try:
-                if stream is None:
-                    stream = await self.swarm.host.new_stream(ID.from_base58(peer), [chunk.PROTOCOL])
-                reply = await chunk.ask_chunk(stream, ChunkRequest(self.job_id, m.version, idx), progress)
-                reusable = True
-            finally:
-                self._open.pop((peer, idx), None)
-                if reusable and peer in self.neighbours:
-                    self._lanes.setdefault(peer, []).append(stream)
-                elif stream is not None:
-                    await _discard(stream)
-        if scope.cancelled_caught:
-            if idx in self.store.chunks_held(m.version) and open_request.received:
-                return "overtaken"
-            self.stats.stalls[peer] += 1
-            event(log, logging.INFO, "peer stalled; reissuing", peer=peer, chunk=idx)
-            return "stalled"
-        if isinstance(reply, ErrorReply):
-            if reply.code == chunk.UNKNOWN_CHUNK and self._announces(peer, m, idx):
-                return "denied"
-            return reply.code if reply.code in (chunk.BUSY, chunk.ASK_OTHERS) else "failed"
-        if (reply.job_id, reply.version, reply.index) != (self.job_id, m.version, idx):
-            return "bad"
-        try:
-            # Hashing and writing 1 MiB take milliseconds: off the event loop.
-            await trio.to_thread.run_sync(self.store.save_chunk, m, idx, reply.data)
-        except ChunkHashMismatch:
-            return "bad"
-        if not self.store.mark_held(m.version, idx):
-            return "failed"  # dropped meanwhile (older than the newest K)
-        self.stats.bytes_from[peer] += len(reply.data)
-        self.stats.chunks_from[peer] += 1
-        return "ok"
 
     def _holds_as_base(self, latest: Have, m: Manifest) -> bool:
         """Does a peer's Have name an update (known to us) whose base is ``m``?
@@ -633,52 +557,3 @@ class BroadcastEngine:
             return False
         byte = idx // 8
         return len(latest.bitfield) > byte and bool(latest.bitfield[byte] >> (idx % 8) & 1)
-
-    # --- discovery -----------------------------------------------------------------
-
-    async def _discover_loop(self) -> None:
-        assert self._nursery is not None
-        key = swarm_key(self.job_id)
-        provided: set[str] = set()
-        interval = self.config.discover_interval_s
-        known: set[str] = set()
-        unconnected: set[str] = set()
-        while True:
-            # (Re-)announce whenever our addresses change: a relay reservation
-            # gained or lost changes how others can reach us.
-            addrs = {str(a) for a in self.swarm.host.get_addrs()}
-            if addrs != provided and await announce(self.swarm, key, self.config.request_timeout_s):
-                provided = addrs
-            found = await find_providers(self.swarm, key, self.config.request_timeout_s)
-            event(log, logging.DEBUG, "swarm peers found", peers={p[-6:]: len(i.addrs) for p, i in found.items()})
-            missing = {p for p in found if p != self.me and p not in self.neighbours}
-            for peer in missing:
-                # The smaller peer id dials first, so two peers that find each
-                # other rarely open two have-streams at once; the larger one
-                # dials too if the other has not within one round (its own
-                # discovery may be sleeping).
-                if self.me < peer or peer in unconnected:
-                    self._nursery.start_soon(self.connect, found[peer])
-            unconnected = missing
-            new = set(found) - known
-            known |= new
-            others = len(found) - (self.me in found)
-            enough = len(self.neighbours) >= min(self.max_neighbours, others)
-            if enough:
-                interval = self.config.discover_max_interval_s
-            elif new:
-                interval = self.config.discover_interval_s
-            else:
-                interval = min(interval * 2, self.config.discover_max_interval_s)
-            # A periodic refresh of the neighbour set, not synchronisation.
-            await trio.sleep(interval)
-
-
-async def _discard(stream: INetStream) -> None:
-    """Reset a stream we will not use again (shielded: runs during cancellation)."""
-    with trio.move_on_after(1) as scope:
-        scope.shield = True
-        try:
-            await stream.reset()
-        except Exception:
-            pass  # already reset by the remote

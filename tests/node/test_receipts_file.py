@@ -3,18 +3,17 @@
 import json
 
 from echo_node.config import NodeConfig
-from echo_node.node import Node
+from echo_node.receipts import save_receipt
 from protocol import codec
 from protocol.wire.rollout import Receipt
-from tests.protocol.samples import NODE, all_messages
+from tests.protocol.samples import all_messages
 
 
 def test_receipts_file_is_rotated_past_its_cap(tmp_path):
     receipt = next(m for m in all_messages() if isinstance(m, Receipt))
     config = NodeConfig(data_dir=tmp_path, receipts_max_mb=0.01)  # ~10 KiB
-    node = Node(config, NODE)
     for _ in range(100):
-        node._save_receipt(receipt)
+        save_receipt(config.receipts_path, receipt, config.receipts_max_mb)
     current, rotated = config.receipts_path, tmp_path / "receipts.jsonl.1"
     assert rotated.exists()
     line = len(current.read_text().splitlines()[0]) + 1

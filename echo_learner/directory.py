@@ -1,0 +1,60 @@
+"""How nodes find this learner's job in the DHT: the job directory key names
+the learner as a provider, and the newest signed manifest sits under the
+learner's manifest key, so that a joining node knows what to fetch.
+
+A DHT put waits on the peers closest to the key, and one that answers slowly
+(any stranger can join the DHT) held every training step for up to
+``DHT_TIMEOUT_S``: so ``keep_manifest`` puts each new manifest off the
+training loop, skipping versions published meanwhile (the newest goes next).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from protocol.ids import JOB_DIRECTORY_KEY, manifest_key
+from protocol.logs import event
+from protocol.swarm import Swarm
+
+log = logging.getLogger(__name__)
+
+DHT_TIMEOUT_S = 10.0
+
+
+class JobDirectory:
+    def __init__(self, swarm: Swarm, learner: str):
+        self.swarm = swarm
+        self.learner = learner
+        self._unput: tuple[int, bytes] | None = None  # the newest manifest not yet in the DHT
+        self._unput_changed = trio.Event()
+
+    async def announce(self) -> None:
+        """Name this learner as a provider of the job directory key."""
+        with trio.move_on_after(DHT_TIMEOUT_S) as scope:
+            ok = await self.swarm.dht.provide(JOB_DIRECTORY_KEY)
+        if scope.cancelled_caught or not ok:
+            event(log, logging.WARNING, "could not announce the job in the DHT yet")
+
+    def published(self, version: int, encoded_manifest: bytes) -> None:
+        """A new version is out: its manifest goes into the DHT next."""
+        self._unput = (version, encoded_manifest)
+        self._unput_changed.set()
+
+    async def keep_manifest(self) -> None:
+        """Put each new manifest in the DHT; runs until cancelled."""
+        while True:
+            await self._unput_changed.wait()
+            self._unput_changed = trio.Event()
+            await self.put_manifest()
+
+    async def put_manifest(self) -> None:
+        """Put the newest manifest not yet in the DHT, now."""
+        if self._unput is None:
+            return
+        (version, encoded), self._unput = self._unput, None
+        with trio.move_on_after(DHT_TIMEOUT_S) as scope:
+            await self.swarm.dht.put_value(manifest_key(self.learner), encoded)
+        if scope.cancelled_caught:
+            event(log, logging.WARNING, "DHT put of the manifest timed out", version=version)

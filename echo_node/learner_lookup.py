@@ -1,0 +1,111 @@
+"""Finding the learner: through an invite's addresses, the DHT, or the LAN.
+
+A learner names itself as a provider of the job directory key and keeps its
+newest signed manifest under its manifest key (``echo_learner.directory``).
+A node reads that record to learn the job; the record's signature is checked
+against the learner's peer id (``protocol.records``), and Noise proves who
+answers at the address.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import trio
+from libp2p.network.exceptions import SwarmException
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+
+from echo_node.config import NodeConfig
+from protocol.host import parse_multiaddr
+from protocol.ids import JOB_DIRECTORY_KEY, manifest_key
+from protocol.logs import event
+from protocol.messages import Manifest
+from protocol.records import InvalidRecord, decode_record
+from protocol.swarm import Swarm, find_providers
+
+log = logging.getLogger(__name__)
+
+
+class NoLearnerFound(LookupError):
+    """No learner announced a job in the DHT within the discovery timeout."""
+
+
+@dataclass(frozen=True)
+class FoundLearner:
+    peer: ID
+    record: Manifest  # its signed manifest record, as found in the DHT
+
+
+async def find_learner(swarm: Swarm, config: NodeConfig, learner_addrs: tuple[str, ...] = ()) -> FoundLearner:
+    """Look up a learner (``config.learner`` if set, of ``config.job_id`` if
+    set) and read its job from its manifest record; ``NoLearnerFound`` if
+    none answers in time. ``learner_addrs``: where an invite says it listens,
+    tried first."""
+    wanted = config.learner
+    if wanted and learner_addrs:
+        # An invite said where the learner listens: no DHT walk needed.
+        addrs = [parse_multiaddr(a) for a in learner_addrs]
+        found = await _try_learner(swarm, config, PeerInfo(ID.from_base58(wanted), addrs))
+        if found is not None:
+            return found
+    # With no bootstrap peer only the LAN can answer, and soon if at all.
+    patience = config.discovery_timeout_s if config.bootstrap else config.lan_wait_s
+    with trio.move_on_after(patience):
+        while True:
+            providers = await find_providers(swarm, JOB_DIRECTORY_KEY, config.request_timeout_s)
+            for peer, info in providers.items():
+                if wanted and peer != wanted:
+                    continue
+                found = await _try_learner(swarm, config, info)
+                if found is not None:
+                    return found
+            await trio.sleep(config.retry_s)
+    if not config.bootstrap:
+        raise NoLearnerFound(
+            f"no learner answered on the local network (mDNS) within {patience:.0f} s and no "
+            "bootstrap peer was given: paste the invite the learner's operator gave you "
+            "(echo-node join echo1:...), or pass --bootstrap ADDR"
+        )
+    raise NoLearnerFound(f"no learner{' ' + wanted if wanted else ''} found in the DHT within {patience:.0f} s")
+
+
+async def relocate_learner(swarm: Swarm, learner: ID, request_timeout_s: float) -> bool:
+    """Look the learner up again in the DHT: a learner restarted on another
+    port or machine announces its new addresses there. Only the learner's
+    own peer id is followed. True if it has new addresses (now in the peerstore)."""
+    found = await find_providers(swarm, JOB_DIRECTORY_KEY, request_timeout_s)
+    info = found.get(learner.to_base58())
+    if info is None or not info.addrs:
+        return False
+    host = swarm.host
+    # py-libp2p refuses to redial a peer for 60 s after a failed dial; the
+    # learner may be back (here or elsewhere) well before that.
+    host.get_network().unblock_peer(learner)
+    known = set(map(str, host.get_peerstore().addrs(learner)))
+    if known == set(map(str, info.addrs)):
+        return False
+    host.get_peerstore().clear_addrs(learner)
+    host.get_peerstore().add_addrs(learner, info.addrs, 3600)
+    event(log, logging.WARNING, "the learner moved; trying its new address", addrs=[str(a) for a in info.addrs])
+    return True
+
+
+async def _try_learner(swarm: Swarm, config: NodeConfig, info: PeerInfo) -> FoundLearner | None:
+    key = manifest_key(info.peer_id.to_base58())
+    try:
+        with trio.fail_after(config.request_timeout_s):
+            if info.addrs:
+                await swarm.host.connect(info)
+            value = await swarm.dht.get_value(key)
+        if value is None:
+            return None
+        record = decode_record(key, value)
+    except (trio.TooSlowError, InvalidRecord, OSError, SwarmException) as exc:
+        event(log, logging.INFO, "skipping learner", peer=info.peer_id, error=exc)
+        return None
+    if config.job_id and record.job_id != config.job_id:
+        event(log, logging.INFO, "skipping learner of another job", peer=info.peer_id, job=record.job_id)
+        return None
+    return FoundLearner(info.peer_id, record)
