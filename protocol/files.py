@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+
+TMP_SUFFIX = ".tmp"  # what ``replacing`` writes before the rename
 
 
 @contextlib.contextmanager
@@ -22,8 +25,12 @@ def replacing(path: Path, *, durable: bool = False) -> Iterator[Path]:
     removed. ``durable``: the file is fsynced before the rename and the
     directory after it, so that a power loss keeps one of the two whole
     (checkpoints, keys, models); without it only a crash of this process is
-    covered."""
-    tmp = path.with_name(path.name + ".tmp")
+    covered.
+
+    The temporary name is this thread's own (``<name>.<pid>-<thread>.tmp``):
+    two threads writing the same file (two peers' copies of one chunk) would
+    otherwise write into, and rename away, each other's temporary file."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}{TMP_SUFFIX}")
     try:
         yield tmp
         if durable:

@@ -15,13 +15,14 @@ disk use; the base of a kept update stays as long as the update.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
 from protocol import codec, updates
 from protocol import manifest as manifests
 from protocol.errors import ChunkHashMismatch, ProtocolError
-from protocol.files import write_atomic
+from protocol.files import TMP_SUFFIX, write_atomic
 from protocol.logs import event
 from protocol.messages import Manifest
 
@@ -53,7 +54,7 @@ class VersionStore:
                 continue
             self.manifests[m.version] = m
             self.held[m.version] = {i for i in range(len(m.chunk_hashes)) if self._valid_on_disk(m, i)}
-        self._collect_garbage()
+        self._collect_garbage(starting=True)
 
     def _chunk_path(self, digest: bytes) -> Path:
         return self._chunk_dir / digest.hex()
@@ -155,7 +156,7 @@ class VersionStore:
         self.save_chunk(self.manifests[version], idx, data)
         self.mark_held(version, idx)
 
-    def _collect_garbage(self) -> None:
+    def _collect_garbage(self, *, starting: bool = False) -> None:
         """Keep the newest ``keep`` versions and the bases they are updates against."""
         kept = sorted(self.manifests)[-self.keep :]
         bases = {self.manifests[v].base_version for v in kept}
@@ -165,8 +166,18 @@ class VersionStore:
             (self._manifest_dir / f"{version}.msgpack").unlink(missing_ok=True)
         wanted = {h.hex() for m in self.manifests.values() for h in m.chunk_hashes}
         for path in self._chunk_dir.iterdir():
-            if path.name not in wanted:
+            # A temporary file is a chunk being written in a worker thread
+            # (``save_chunk``), unless left by a crash: those go at start-up.
+            in_flight = path.name.endswith(TMP_SUFFIX) and not starting
+            if path.name not in wanted and not in_flight:
                 path.unlink(missing_ok=True)
 
     def disk_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self._chunk_dir.iterdir())
+        """Bytes of the chunks on disk (not counting chunks being written)."""
+        total = 0
+        for path in self._chunk_dir.iterdir():
+            if path.name.endswith(TMP_SUFFIX):
+                continue
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile (older than the newest K)
+                total += path.stat().st_size
+        return total

@@ -89,3 +89,22 @@ def test_manifest_from_someone_else_is_refused(tmp_path):
     m, _ = version(1, identity=NODE)
     with pytest.raises(Exception):
         store(tmp_path).add_manifest(m)
+
+
+def test_a_chunk_being_written_survives_pruning_and_is_not_counted_until_renamed(tmp_path):
+    """A worker thread's half-written chunk (its temporary file) is neither
+    removed by another version's pruning nor counted on disk; a crash's
+    leftovers go when the store opens again."""
+    s = store(tmp_path, keep=1)
+    m, chunks = version(1)
+    s.add_manifest(m)
+    writing = tmp_path / "w" / "chunks" / f"{m.chunk_hashes[0].hex()}.123-456.tmp"
+    writing.write_bytes(chunks[0][:100])
+    m2, chunks2 = version(2)
+    s.add_manifest(m2)  # drops version 1 and its chunks
+    for i, c in enumerate(chunks2):
+        s.write(2, i, c)
+    assert writing.exists()
+    assert s.disk_bytes() == 5000
+    store(tmp_path, keep=1)  # a restart: nothing is being written
+    assert not writing.exists()
