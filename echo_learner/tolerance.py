@@ -34,6 +34,15 @@ found; "all three": the initial, x2 and x3 models together), worst / mean:
 (SmolLM2: 96 rollouts of up to 64 tokens per dtype at temperature 0.7 on its
 chat prompts; its bf16 worst token varied 0.27-0.96 between batches.)
 
+A batch's mean is noisier the fewer tokens it holds: SmolLM2 in llama.cpp
+q8_0 answering the reverse task (4 answers of 4 tokens a batch, temperature
+1) gave batch means up to 0.20 (worst token 1.09) over 400 batches, and the
+end-to-end test (tests/test_real_model.py) once refused such an honest batch
+under a mean bound of 0.3; the bound is now 0.6. A forger who shifts every
+reported log-prob by that much moves its importance ratios by at most
+e^0.6, past the PPO clip, which then drops those tokens' gradients; the
+plausibility z still catches tokens that were not sampled.
+
 On GPUs (cuda, mps, vulkan) kernels sum in other orders and llama.cpp's CUDA
 matmuls convert activations differently; no GPU was at hand to measure them
 yet, so GPUs get the CPU's bounds of the same backend and dtype until
@@ -60,7 +69,7 @@ class Tolerance:
 CPU = {
     ("llama", "f32"): Tolerance(worst=5e-3, mean=5e-4, z=8.0),
     ("llama", "f16"): Tolerance(worst=0.1, mean=1e-2, z=8.0),
-    ("llama", "q8_0"): Tolerance(worst=3.0, mean=0.3, z=10.0),
+    ("llama", "q8_0"): Tolerance(worst=3.0, mean=0.6, z=10.0),
     ("torch", "f32"): Tolerance(worst=5e-3, mean=5e-4, z=8.0),
     ("torch", "f16"): Tolerance(worst=0.5, mean=3e-2, z=8.0),
     ("torch", "bf16"): Tolerance(worst=3.0, mean=0.2, z=8.0),

@@ -95,6 +95,7 @@ def test_one_round_on_smollm2_with_a_llama_and_a_torch_node(swarm_factory):
         "600",
         "--status-port",
         str(port),
+        "-v",  # logs each failed log-prob check with its measured errors
     )
     # Nodes join once the learner serves (loading the model takes ~30 s).
     deadline = time.monotonic() + 300
@@ -139,4 +140,6 @@ def test_one_round_on_smollm2_with_a_llama_and_a_torch_node(swarm_factory):
         next(p for p, i in ids.items() if i == 0): {("llama", "q8_0")},
         next(p for p, i in ids.items() if i == 1): {("torch", "f32")},
     }
-    assert refusals(ledger) == []  # every honest rollout passed verification
+    # Every honest rollout passed verification (else: the learner's measured errors).
+    failed_checks = [line for line in (swarm.root / "learner.log").read_text().splitlines() if "log-prob check" in line]
+    assert refusals(ledger) == [], failed_checks

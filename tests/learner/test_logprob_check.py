@@ -142,7 +142,7 @@ def test_many_small_shifts_are_caught_by_the_batch_mean():
         dtype="q8_0",
         groups=tuple(
             dataclasses.replace(
-                g, completions=tuple(Completion(c.tokens, tuple(lp - 0.6 for lp in c.logprobs)) for c in g.completions)
+                g, completions=tuple(Completion(c.tokens, tuple(lp - 1.0 for lp in c.logprobs)) for c in g.completions)
             )
             for g in honest.groups
         ),
