@@ -324,28 +324,41 @@ def show(args: argparse.Namespace) -> None:
             reward += (
                 f"; held-out accuracy {held['accuracy']:.3f} (95% CI {lo:.3f}-{hi:.3f}) at version {held['version']}"
             )
-        print(
-            f"job        {data['job_id']} ({data['task']}, {data['model']}, "
-            f"{data['parameters']:,} parameters)\n"
-            f"mode       {data['mode']}, staleness {data['staleness']}, "
-            f"publish every {data['publish_every']}\n"
-            f"progress   step {data['step']}/{data['steps']}, version {data['version']}, "
-            f"{data['steps_per_s']:.2f} steps/s, uptime {data['uptime_s']:.0f} s\n"
-            f"reward     {reward}\n"
-            f"rollouts   {data['rollouts_accepted']} accepted, {data['batches_refused']} batches "
-            f"refused {data['refusals'] or ''}\n"
-            f"nodes      {data['peers']} active, {data['contributors']} contributed\n"
-            f"learner    utilization {data['utilization']:.0%} (train {m['train_s']:.3f} s/step, "
-            f"publish {m['publish_s']:.3f} s, broadcast {m['broadcast_s']:.3f} s)\n"
-            f"capacity   forecast utilization {cap['utilization']:.0%}; {cap['verdict']} "
-            f"(have {cap['supply_rollouts_per_s']:.1f}, need {cap['needed_rollouts_per_s']:.1f} rollouts/s)\n"
-            f"forecasts  {forecast_check(cap)}"
-        )
+        from protocol.tables import print_fields
+
+        fields = [
+            ("job", f"{data['job_id']} ({data['task']}, {data['model']}, {data['parameters']:,} parameters)"),
+            ("mode", f"{data['mode']}, staleness {data['staleness']}, publish every {data['publish_every']}"),
+            (
+                "progress",
+                f"step {data['step']}/{data['steps']}, version {data['version']}, "
+                f"{data['steps_per_s']:.2f} steps/s, uptime {data['uptime_s']:.0f} s",
+            ),
+            ("reward", reward),
+            (
+                "rollouts",
+                f"{data['rollouts_accepted']} accepted, {data['batches_refused']} batches refused "
+                f"{data['refusals'] or ''}".rstrip(),
+            ),
+            ("nodes", f"{data['peers']} active, {data['contributors']} contributed"),
+            (
+                "learner",
+                f"utilization {data['utilization']:.0%} (train {m['train_s']:.3f} s/step, "
+                f"publish {m['publish_s']:.3f} s, broadcast {m['broadcast_s']:.3f} s)",
+            ),
+            (
+                "capacity",
+                f"forecast utilization {cap['utilization']:.0%}; {cap['verdict']} "
+                f"(have {cap['supply_rollouts_per_s']:.1f}, need {cap['needed_rollouts_per_s']:.1f} rollouts/s)",
+            ),
+            ("forecasts", forecast_check(cap)),
+        ]
         for b in data["bootstrap"]:
             state = {None: "not asked yet", True: f"answers ({b['rtt_ms']} ms)"}.get(
                 b["answers"], f"NO ANSWER: {b['error']}"
             )
-            print(f"bootstrap  {b['addr']}: {state}")
+            fields.append(("bootstrap", f"{b['addr']}: {state}"))
+        print_fields(fields)
         return
     peers = api_get(args, "/api/peers")["peers"]
     if args.json:

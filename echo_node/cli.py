@@ -342,12 +342,17 @@ def credits(config: NodeConfig, learner_addrs: tuple[str, ...], *, as_json: bool
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
+        from protocol.tables import print_fields
+
         refused = ", ".join(f"{k} {v}" for k, v in sorted(summary["refused"].items())) or "none"
-        print(
-            f"node {summary['peer']} on job {summary['job_id']}\n"
-            f"{summary['receipts']} receipts, every learner signature valid\n"
-            f"accepted {summary['accepted']} batches, {summary['tokens']} tokens, "
-            f"credit {summary['credit']:.0f}\nrefused: {refused}",
-            flush=True,
+        print_fields(
+            [
+                ("node", summary["peer"]),
+                ("job", summary["job_id"]),
+                ("receipts", f"{summary['receipts']}, every learner signature valid"),
+                ("accepted", f"{summary['accepted']} batches, {summary['tokens']} tokens"),
+                ("credit", f"{summary['credit']:.0f}"),
+                ("refused", refused),
+            ]
         )
     sys.exit(0)

@@ -1,4 +1,5 @@
-"""Tables for the command line (rich): ``echo-learner peers`` and ``ledger``.
+"""Tables for the command line (rich): ``echo-learner peers``, ``ledger`` and
+``status``, ``echo-node credits``.
 
 In a terminal, a table with a header rule, numbers right-aligned; piped or
 redirected, the same columns as plain aligned text (no colours, no box
@@ -30,3 +31,22 @@ def print_table(columns: Sequence[str], rows: Iterable[Sequence[object]], *, num
         table.add_row(*(str(cell) for cell in row))
     # Piped, lines are as long as the data (no wrapping at an 80-column guess).
     console.print(table, width=None if terminal else 10_000, crop=False, soft_wrap=not terminal)
+
+
+def print_fields(fields: Iterable[tuple[str, object]]) -> None:
+    """Print ``(label, value)`` pairs as two columns without a header
+    (``status``, ``credits``): in a terminal a rich table whose long values
+    wrap within their column; piped, one plain line per field."""
+    fields = [(label, str(value)) for label, value in fields]
+    console = Console()
+    if not console.is_terminal:
+        width = max((len(label) for label, _ in fields), default=0)
+        for label, value in fields:
+            print(f"{label:<{width}}  {value}".rstrip(), flush=True)
+        return
+    table = Table(box=None, show_header=False, pad_edge=False, show_edge=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for label, value in fields:
+        table.add_row(label, value)
+    console.print(table)

@@ -1,6 +1,6 @@
 """Command-line tables: plain aligned columns when piped, a rich table in a terminal."""
 
-from protocol.tables import print_table
+from protocol.tables import print_fields, print_table
 
 ROWS = [(1, "12D3KooWlongerpeerid", 1234), (2, "short", 5)]
 
@@ -23,3 +23,22 @@ def test_a_terminal_gets_a_table_with_a_header_rule(capsys, monkeypatch):
     print_table(("#", "peer", "credit"), ROWS, numeric=("#", "credit"))
     out = capsys.readouterr().out
     assert "─" in out and "12D3KooWlongerpeerid" in out and "\x1b[1m" in out  # bold header
+
+
+def test_fields_piped_are_one_aligned_line_each_however_long(capsys, monkeypatch):
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    long = "forecast utilization 93%; " + "enough rollout throughput " * 10
+    print_fields([("job", "reverse-abc"), ("capacity", long), ("bootstrap", "/ip4/127.0.0.1/tcp/1: answers")])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "job        reverse-abc",
+        f"capacity   {long.rstrip()}",
+        "bootstrap  /ip4/127.0.0.1/tcp/1: answers",
+    ]
+
+
+def test_fields_in_a_terminal_have_bold_labels(capsys, monkeypatch):
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    print_fields([("job", "reverse-abc"), ("credit", 12)])
+    out = capsys.readouterr().out
+    assert "\x1b[1mjob" in out and "reverse-abc" in out and "12" in out
