@@ -1,20 +1,23 @@
-"""Sync vs async training under emulated wide-area links, for the same number of steps.
+"""Sync vs async training under emulated wide-area links, each run to its plateau.
 
 Runs the same job twice as real processes on 127.0.0.1 (bootstrap, learner,
-N nodes): once in sync mode, once in async mode with staleness S, each for
---steps training steps. Every process's upload is capped (--upload-mbit) and
+N nodes): once in sync mode, once in async mode with staleness S, each until
+its reward levels off past the threshold (``levelled_off``; at most --steps
+and --async-steps). Async steps are cheaper and each learns less from its
+slightly stale rollouts, so async takes more of them, in less time. Every process's upload is capped (--upload-mbit) and
 every node waits --delay-ms before each work request and each rollout
 submission. The learner runs pinned to its own core(s) and the nodes to the
 others (``os.sched_setaffinity``), so that the comparison measures
 scheduling, not contention for the CPU.
 
 Prints (``--json``) the time each mode took to reach --threshold (mean reward
-over the last 5 steps) and their ratio, the rewards at the same step count
-(mean of the last tenth of the steps, the plateau) and their gap, signed and
-absolute, the learner utilization measured in
-the async run, the mean error of the capacity model's live forecasts made
-during it (each forecast of the next minute checked against that minute), and
-the share of batches refused for being out of the staleness window.
+over the last 5 steps) and their ratio; each mode's plateau (mean reward over
+its last 100 steps) and their gap, signed and absolute; the rewards at equal
+steps (async over the same steps as sync's last 100); the learner
+utilization measured in the async run, the mean error of the capacity
+model's live forecasts made during it (each forecast of the next minute
+checked against that minute), and the share of batches refused for being
+out of the staleness window.
 
     python bench/convergence.py --json
 """
@@ -39,14 +42,39 @@ from localswarm import SwarmError, local_swarm  # noqa: E402
 from echo_learner.verify import OUT_OF_WINDOW  # noqa: E402
 
 PUBLISH_EVERY = 3
+# Each mode stops at its plateau: once past the threshold, when the mean
+# reward over the last PLATEAU_STEPS steps is within PLATEAU_RISE of the
+# PLATEAU_STEPS before. Measured with the objective below, sync levels off
+# at 0.85-0.99 by step 250-450 and async by 500-700; windows of 50 steps
+# stopped both early, on a flat stretch of a still rising curve (sync at
+# 0.71, async at 0.88). Not much further either: once every group scores
+# alike the learner skips its steps (nothing to learn), its utilization
+# falls to nothing, and forecasts of it say nothing useful.
+PLATEAU_STEPS = 100
+PLATEAU_RISE = 0.02
+SYNC_STEPS = 600
+ASYNC_STEPS = 1500
+# The objective both modes train with (docs/learner.md, "Sync vs async").
+CLIP_EPS = 0.5
+ENTROPY_COEF = 0.1
 SMOOTH = 5
 FINAL = 10
 
 
 def plateau(metrics: list[dict]) -> float:
-    """Mean reward over the last tenth of the steps (at least FINAL): where a
-    run has levelled off, less noisy than its last few steps."""
-    return round(mean([m["reward_mean"] for m in metrics[-max(FINAL, len(metrics) // 10) :]]), 4)
+    """Mean reward over the last PLATEAU_STEPS steps: where a run has
+    levelled off, less noisy than its last few steps."""
+    return round(mean([m["reward_mean"] for m in metrics[-PLATEAU_STEPS:]]), 4)
+
+
+def levelled_off(metrics: list[dict], threshold: float) -> bool:
+    """Past the threshold, and the last PLATEAU_STEPS steps' mean reward is
+    within PLATEAU_RISE of the PLATEAU_STEPS steps' before."""
+    if len(metrics) < 2 * PLATEAU_STEPS or time_to_threshold(metrics, threshold) is None:
+        return False
+    rewards = [m["reward_mean"] for m in metrics]
+    last, before = mean(rewards[-PLATEAU_STEPS:]), mean(rewards[-2 * PLATEAU_STEPS : -PLATEAU_STEPS])
+    return last - before < PLATEAU_RISE
 
 
 def mean(xs: list[float]) -> float:
@@ -71,7 +99,7 @@ def pinning(nodes: int) -> dict[str, set[int]]:
     return {"learner": set(learner), "bootstrap": set(rest), **{f"node{i}": set(rest) for i in range(nodes)}}
 
 
-def run(mode: str, args: argparse.Namespace, root: Path, cpus: dict[str, set[int]]) -> list[dict]:
+def run(mode: str, steps: int, args: argparse.Namespace, root: Path, cpus: dict[str, set[int]]) -> list[dict]:
     cap = ("--max-upload-mbit", str(args.upload_mbit))
     verbose = ("-v",) if args.verbose else ()
     with local_swarm(root) as swarm:
@@ -85,26 +113,32 @@ def run(mode: str, args: argparse.Namespace, root: Path, cpus: dict[str, set[int
             "--publish-every",
             str(args.publish_every),
             "--steps",
-            str(args.steps),
+            str(steps),
             "--seed",
             str(args.seed),
+            "--clip-eps",
+            str(args.clip_eps),
+            "--entropy-coef",
+            str(args.entropy_coef),
             *cap,
             *verbose,
         )
         for i in range(args.nodes):
             swarm.start_node(i, *cap, "--emulate-delay-ms", str(args.delay_ms), *verbose)
         deadline = time.monotonic() + args.timeout_s
-        while len(swarm.metrics()) < args.steps:
-            if learner.poll() is not None and len(swarm.metrics()) < args.steps:
+        while len(metrics := swarm.metrics()) < steps and not levelled_off(metrics, args.threshold):
+            if learner.poll() is not None:
                 raise SwarmError(f"{mode}: learner exited {learner.returncode}; see {root}/learner.log")
             if time.monotonic() > deadline:
-                raise SwarmError(f"{mode}: {args.steps} steps not done in {args.timeout_s:.0f} s; see {root}")
+                raise SwarmError(f"{mode}: {steps} steps not done in {args.timeout_s:.0f} s; see {root}")
             time.sleep(0.5)  # polling the learner's metrics file
-        learner.wait(timeout=120)  # it stops by itself after --steps (checkpoint, ledger)
-        codes = swarm.stop_all()
+        # At --steps it stops by itself; at a plateau it is asked to (SIGINT:
+        # checkpoint, ledger, exit 0).
+        codes = {"learner": swarm.stop("learner", grace_s=120)}
+        codes.update(swarm.stop_all())
     if any(codes.values()):
         raise SwarmError(f"{mode}: processes did not leave cleanly: {codes}")
-    return swarm.metrics()[: args.steps]
+    return metrics[:steps]
 
 
 def max_step_gap(metrics: list[dict]) -> float:
@@ -127,8 +161,14 @@ def main() -> int:
     parser.add_argument(
         "--steps",
         type=int,
-        default=500,
-        help="training steps per mode (500: async runs past a minute, so its forecasts are checked)",
+        default=SYNC_STEPS,
+        help=f"sync: at most this many steps, if no plateau first ({SYNC_STEPS})",
+    )
+    parser.add_argument(
+        "--async-steps",
+        type=int,
+        default=ASYNC_STEPS,
+        help=f"async: at most this many steps, if no plateau first ({ASYNC_STEPS})",
     )
     parser.add_argument("--timeout-s", type=float, default=1800, help="give up on a mode after this long (1800)")
     parser.add_argument("--nodes", type=int, default=3, help="volunteer nodes (3)")
@@ -140,6 +180,18 @@ def main() -> int:
     only.add_argument("--only-async", action="store_true", help="skip the sync run (no comparison)")
     only.add_argument("--only-sync", action="store_true", help="skip the async run (no comparison)")
     parser.add_argument("--threshold", type=float, default=0.5, help="reward threshold (0.5)")
+    parser.add_argument(
+        "--clip-eps",
+        type=float,
+        default=CLIP_EPS,
+        help=f"the learner's PPO clip range, both modes ({CLIP_EPS}: stale batches still teach, docs/learner.md)",
+    )
+    parser.add_argument(
+        "--entropy-coef",
+        type=float,
+        default=ENTROPY_COEF,
+        help=f"the learner's entropy bonus, both modes ({ENTROPY_COEF}: on-policy steps stop plateauing early)",
+    )
     parser.add_argument("--upload-mbit", type=float, default=20, help="every process's upload cap (20)")
     parser.add_argument("--delay-ms", type=float, default=50, help="delay before each work/rollout message (50)")
     parser.add_argument("--no-pin", action="store_true", help="do not pin the learner and nodes to separate cores")
@@ -148,8 +200,8 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("-v", "--verbose", action="store_true", help="the learner and nodes log each step (-v)")
     args = parser.parse_args()
-    if args.steps < FINAL:
-        parser.error(f"--steps must be at least {FINAL}")
+    if min(args.steps, args.async_steps) < FINAL:
+        parser.error(f"--steps and --async-steps must be at least {FINAL}")
 
     base = args.dir or Path(tempfile.mkdtemp(prefix="echo-convergence-"))
     shutil.rmtree(base / "sync", ignore_errors=True)
@@ -158,19 +210,22 @@ def main() -> int:
     started = time.monotonic()
     result: dict = {
         "steps": args.steps,
+        "async_steps": args.async_steps,
         "nodes": args.nodes,
         "staleness": args.staleness,
         "publish_every": args.publish_every,
         "upload_mbit": args.upload_mbit,
         "delay_ms": args.delay_ms,
         "threshold": args.threshold,
+        "objective": {"clip_eps": args.clip_eps, "entropy_coef": args.entropy_coef},
         "pinning": {"learner": sorted(cpus["learner"]), "nodes": sorted(cpus["node0"])} if cpus else None,
     }
     if not args.only_sync:
-        async_ = run("async", args, base / "async", cpus)
+        async_ = run("async", args.async_steps, args, base / "async", cpus)
         result.update(
             async_time_to_threshold_s=time_to_threshold(async_, args.threshold),
             async_s=async_[-1]["elapsed_s"],
+            async_steps_run=len(async_),
             async_final_reward=round(mean([m["reward_mean"] for m in async_[-FINAL:]]), 4),
             async_plateau=plateau(async_),
             async_learner_utilization=async_[-1]["utilization"],
@@ -180,11 +235,12 @@ def main() -> int:
             async_mean_staleness=round(mean([m["staleness"] for m in async_]), 3),
         )
     if not args.only_async:
-        sync = run("sync", args, base / "sync", cpus)
+        sync = run("sync", args.steps, args, base / "sync", cpus)
         sync_t, async_t = time_to_threshold(sync, args.threshold), result.get("async_time_to_threshold_s")
         result.update(
             sync_time_to_threshold_s=sync_t,
             sync_s=sync[-1]["elapsed_s"],
+            sync_steps_run=len(sync),
             sync_final_reward=round(mean([m["reward_mean"] for m in sync[-FINAL:]]), 4),
             sync_plateau=plateau(sync),
             sync_learner_utilization=sync[-1]["utilization"],
@@ -192,11 +248,14 @@ def main() -> int:
             sync_stale_refused_fraction=stale_refused_fraction(sync),
         )
         if not args.only_sync:
-            # Both ran the same number of steps: the rewards at equal steps.
             result["async_over_sync_time"] = round(async_t / sync_t, 3) if sync_t and async_t else None
             delta = result["async_plateau"] - result["sync_plateau"]
             result["plateau_gap"] = round(abs(delta), 4)
-            result["async_minus_sync_plateau"] = round(delta, 4)  # > 0: async learned more in as many steps
+            result["async_minus_sync_plateau"] = round(delta, 4)  # > 0: async levelled off higher
+            # The same steps as sync's plateau: what staleness costs per step.
+            if len(async_) >= len(sync):
+                at_equal = mean([m["reward_mean"] for m in async_[len(sync) - PLATEAU_STEPS : len(sync)]])
+                result["async_minus_sync_at_equal_steps"] = round(at_equal - result["sync_plateau"], 4)
     result["wall_s"] = round(time.monotonic() - started, 1)
     if args.json:
         print(json.dumps(result))

@@ -132,6 +132,12 @@ class LearnerConfig(ConnectionSettings):
         3.0, "truncate the importance ratio at this value where the advantage is negative", lo=1.0
     )
     kl_coef: float = setting(0.0, "weight of the KL penalty to the initial model (0: none)", lo=0.0)
+    entropy_coef: float = setting(
+        0.0,
+        "weight of the entropy bonus, which keeps the policy from turning deterministic on prompts it has "
+        "not solved (0: none; 0.1 suits the built-in model's reverse task, docs/learner.md)",
+        lo=0.0,
+    )
     assignment_timeout_s: float = setting(
         0.0,
         "seconds a node has to return assigned prompts before they go to another node (0: 30 s plus "

@@ -48,7 +48,7 @@ class Pacing:
             "publish_every": 1 if cfg.mode == "sync" else max(cfg.publish_every, self.meter.steps_per_version),
             "rollouts_per_step": cfg.prompts_per_step * cfg.group_size,
             "train_s": round(self.meter.train_s, 4),
-            "bookkeeping_s": round(self.meter.bookkeeping_s, 4),
+            "bookkeeping_s": round(self.meter.overhead_s, 4),
             "verify_s": round(self.meter.verify_s_per_rollout * cfg.prompts_per_step * cfg.group_size, 4),
             "publish_s": round(self.meter.publish_s, 4),
             "broadcast_s": round(self.meter.broadcast_s, 4),

@@ -275,7 +275,7 @@ class Learner:
         under torchrun (``echo_learner.train_group``) that start from this
         process's model."""
         cfg = self.config
-        objective = Objective(cfg.clip_eps, cfg.ratio_cap, cfg.kl_coef)
+        objective = Objective(cfg.clip_eps, cfg.ratio_cap, cfg.kl_coef, cfg.entropy_coef)
         common = {
             "lr": cfg.lr,
             "pad_id": self.tokenizer.pad_token_id,
@@ -353,6 +353,7 @@ class Learner:
             while self.step < cfg.steps:
                 if sync:
                     self.pool.set_open(True, min_version=self.version)
+                asked = time.monotonic()
                 batch = await self.pool.take_batch(cfg.prompts_per_step, self.version - cfg.window)
                 if sync:
                     self.pool.set_open(False)
@@ -365,7 +366,7 @@ class Learner:
                     stats: StepStats = await trio.to_thread.run_sync(self.trainer.step, [r.group for r in batch])
                     self.step += 1
                 trained = time.monotonic()
-                self.meter.on_train(t0, trained)
+                self.meter.on_train(t0, trained, waited=t0 - asked)
                 if self.pacing.publish_due():
                     await self.publish()
                 if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from echo_learner.device import of as device_of
-from echo_learner.grpo import clipped_surrogate_loss, group_advantages, kl_penalty
+from echo_learner.grpo import clipped_surrogate_loss, entropy_surrogate, group_advantages, kl_penalty
 from echo_learner.logprobs import TRAIN_BYTES_PER_LOGIT, completion_logprobs, row_slices, spread
 from echo_learner.lora import state_bytes
 
@@ -40,6 +40,7 @@ class Objective:
     clip_eps: float
     ratio_cap: float
     kl_coef: float
+    entropy_coef: float = 0.0
 
 
 def trainable_of(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -124,6 +125,8 @@ class Trainer:
             share = float(mask.sum()) / batch.tokens
             old = spread(behaviour[part], prompts[part], logprobs.shape[1], where)
             loss = clipped_surrogate_loss(logprobs, old, advantages[part], mask, obj.clip_eps, obj.ratio_cap)
+            if obj.entropy_coef:
+                loss = loss + obj.entropy_coef * entropy_surrogate(logprobs, mask)
             kl = torch.zeros(())
             if self.reference is not None:
                 with torch.no_grad():

@@ -491,7 +491,7 @@ class BroadcastEngine:
                 peer,
                 idx,
                 d.request_timeout(peer),
-                guessed=not d.durations,
+                guessed=self.download is None or not self.download.durations,
                 is_neighbour=self.neighbours.__contains__,
                 announces=self._announces,
             )

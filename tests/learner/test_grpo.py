@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from echo_learner.grpo import clipped_surrogate_loss, group_advantages, kl_penalty
+from echo_learner.grpo import clipped_surrogate_loss, entropy_surrogate, group_advantages, kl_penalty
 
 
 def test_advantages_are_group_normalised():
@@ -48,3 +48,23 @@ def test_kl_penalty_is_zero_at_the_reference_and_positive_away_from_it():
     mask = torch.ones(1, 2)
     assert kl_penalty(ref, ref, mask).item() == pytest.approx(0.0)
     assert kl_penalty(torch.tensor([[-0.5, -3.0]]), ref, mask).item() > 0.05
+
+
+def test_the_entropy_surrogate_s_expected_gradient_is_the_negative_entropy_s():
+    """Averaged over tokens sampled from pi (here: every token, weighted by its
+    probability), the sampled-token surrogate's gradient equals the exact
+    gradient of -H(pi); so minimising it raises the entropy."""
+    torch.manual_seed(0)
+    logits = torch.randn(7, requires_grad=True)
+    logp = torch.log_softmax(logits, dim=0)
+    exact = torch.autograd.grad((logp.exp() * logp).sum(), logits)[0]  # grad of -H
+    expected = torch.zeros(7)
+    for token in range(7):
+        logp = torch.log_softmax(logits, dim=0)
+        surrogate = entropy_surrogate(logp[token].reshape(1, 1), torch.ones(1, 1))
+        expected += logp[token].exp().detach() * torch.autograd.grad(surrogate, logits)[0]
+    assert torch.allclose(expected, exact, atol=1e-6)
+    # Descending it flattens the distribution.
+    before = -(logp.exp() * logp).sum()
+    after_logp = torch.log_softmax(logits - 0.5 * exact, dim=0)
+    assert -(after_logp.exp() * after_logp).sum() > before
