@@ -4,11 +4,12 @@ Runs the same job twice as real processes on 127.0.0.1 (bootstrap, learner,
 N nodes): once in sync mode, once in async mode with staleness S, each until
 its reward levels off past the threshold (``levelled_off``; at most --steps
 and --async-steps). Async steps are cheaper and each learns less from its
-slightly stale rollouts, so async takes more of them, in less time. Every process's upload is capped (--upload-mbit) and
-every node waits --delay-ms before each work request and each rollout
-submission. The learner runs pinned to its own core(s) and the nodes to the
-others (``os.sched_setaffinity``), so that the comparison measures
-scheduling, not contention for the CPU.
+slightly stale rollouts, so async takes more of them, in less time. Every
+process's upload is capped (--upload-mbit) and every node waits --delay-ms
+before each work request and each rollout submission. The learner runs
+pinned to its own core(s) and the nodes to the others
+(``os.sched_setaffinity``), so that the comparison measures scheduling, not
+contention for the CPU.
 
 Prints (``--json``) the time each mode took to reach --threshold (mean reward
 over the last 5 steps) and their ratio; each mode's plateau (mean reward over
@@ -54,7 +55,7 @@ PLATEAU_STEPS = 100
 PLATEAU_RISE = 0.02
 SYNC_STEPS = 600
 ASYNC_STEPS = 1500
-# The objective both modes train with (docs/learner.md, "Sync vs async").
+# The objective both modes train with (docs/learner.md, "Each mode to its plateau").
 CLIP_EPS = 0.5
 ENTROPY_COEF = 0.1
 SMOOTH = 5
@@ -127,7 +128,7 @@ def run(mode: str, steps: int, args: argparse.Namespace, root: Path, cpus: dict[
             swarm.start_node(i, *cap, "--emulate-delay-ms", str(args.delay_ms), *verbose)
         deadline = time.monotonic() + args.timeout_s
         while len(metrics := swarm.metrics()) < steps and not levelled_off(metrics, args.threshold):
-            if learner.poll() is not None:
+            if learner.poll() is not None and len(swarm.metrics()) < steps:
                 raise SwarmError(f"{mode}: learner exited {learner.returncode}; see {root}/learner.log")
             if time.monotonic() > deadline:
                 raise SwarmError(f"{mode}: {steps} steps not done in {args.timeout_s:.0f} s; see {root}")
