@@ -21,7 +21,9 @@ and the learner's busy fraction. Each node's rollout throughput comes from
   is starved if rollouts arrive slower than it consumes them (``B / R``) or
   if a rollout's trip (broadcast + work cycle) spans more than the S
   versions the window allows, which happens in ``K * S`` steps:
-  ``period = max(train + bookkeeping, verify', B / R, (broadcast + cycle) / (K * S))``.
+  ``period = max(train + bookkeeping, verify', B / R, (broadcast + cycle) / (K * S), cpu / cores)``,
+  the last the learner process's CPU time per step (all threads) on the
+  cores it may use: it cannot step faster than they allow.
   Training and verification share the learner's cores, each measured while
   the other runs: while verify <= train + bookkeeping, verification hides in
   the step (``verify' = verify``; adding it to the train time forecast 0.5
@@ -35,6 +37,10 @@ and the learner's busy fraction. Each node's rollout throughput comes from
 Utilization is ``train / period``; the rollout rate needed to keep the
 learner busy is ``B / (train + bookkeeping)``.
 
+The forecast for the next window is the model's anchored to what this run
+measured (``CapacityMeter.anchored``): the utilization of the last seconds,
+moved as far as the model has moved since.
+
 The forecast is checked against what happens: ``CapacityMeter.on_forecast``
 keeps each forecast of the next ``window_s`` seconds until they have passed,
 then compares it with the utilization measured over them; ``forecast_error``
@@ -47,6 +53,7 @@ import math
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
+from statistics import fmean
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -57,9 +64,19 @@ EWMA = 0.2
 # seconds), and settled forecasts whose errors are averaged.
 FORECASTS_PER_WINDOW = 12
 ERRORS_KEPT = 60
-# Steps trained before the first forecast: the first steps' times (model
-# warm-up, the first versions spreading) say little about the next minute.
-WARMUP_STEPS = 10
+# The forecast is the model's, anchored to the utilization measured over the
+# last CALIBRATION_S seconds (``CapacityMeter.anchored``); the model "now" is
+# its mean over the last CURRENT_S seconds, as one step's inputs swing it by
+# 0.15 either way. Chosen on the logged steps of ten async runs of
+# bench/convergence.py: anchored over 15-30 s, mean error 0.060-0.065 and
+# worst run 0.09-0.10; the model alone 0.02-0.15 by run. No forecast is
+# checked before the learner has trained for CALIBRATION_S: the first
+# seconds (a backlog of rollouts made while it loaded, the first versions
+# spreading) say little about the next minute (forecasts made in them were
+# off by 0.13-0.14).
+CALIBRATION_S = 20.0
+CURRENT_S = 5.0
+MIN_MODEL_SAMPLES = 5
 
 
 def running_mean(old: float, new: float, weight: float = EWMA) -> float:
@@ -73,6 +90,7 @@ class Forecast:
     needed_rollouts_per_s: float
     supply_rollouts_per_s: float
     verdict: str
+    model_utilization: float | None = None  # before it was anchored to what this run measured
 
     def to_json(self) -> dict:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -90,6 +108,8 @@ def forecast(
     cycle_s: float,
     supply_rps: float,
     bookkeeping_s: float = 0.0,
+    cpu_s: float = 0.0,
+    cores: int = 1,
 ) -> Forecast:
     # The learner's own time per step: training, then publishing and
     # checkpoints (measured per step; before that, a K-th of a publish).
@@ -97,17 +117,24 @@ def forecast(
     needed = rollouts_per_step / busy if busy > 0 else 0.0
     generate_s = rollouts_per_step / supply_rps if supply_rps > 0 else float("inf")
     verify_bound = (busy + verify_s) / 2 if verify_s > busy else busy  # see the module's docstring
+    cpu_bound = cpu_s / max(cores, 1)
+    trip = (broadcast_s + cycle_s) / (publish_every * staleness) if staleness > 0 else 0.0
     if staleness == 0:
         period = train_s + max(publish_s, bookkeeping_s) + broadcast_s + generate_s
     else:
-        period = max(busy, verify_bound, generate_s, (broadcast_s + cycle_s) / (publish_every * staleness))
+        period = max(busy, verify_bound, generate_s, trip, cpu_bound)
     utilization = min(1.0, train_s / period) if period > 0 else 0.0
-    trip_bound = staleness > 0 and period > max(busy, verify_bound, generate_s)
+    trip_bound = staleness > 0 and period == trip > max(busy, verify_bound, generate_s)
     if trip_bound:
         k = math.ceil((broadcast_s + cycle_s) / (staleness * busy))
         verdict = (
             f"versions spread slower than the staleness window allows: "
             f"publish every {k} steps (--publish-every) or raise --staleness"
+        )
+    elif staleness > 0 and period == cpu_bound > max(busy, verify_bound, generate_s):
+        verdict = (
+            f"the learner's {cores} core(s) are saturated: {cpu_s:.2f} CPU-s a step, of which training "
+            f"{train_s:.2f} s (more cores for the learner, or verification on another device)"
         )
     elif staleness > 0 and period == verify_bound and verify_s > busy:
         verdict = (
@@ -132,13 +159,29 @@ def publish_due(*, publish_every: int, steps_since: int, since_publish_s: float,
 
 
 def window_left_s(
-    *, version: int, current: int, staleness: int, publish_every: int, steps_since: int, step_period_s: float
+    *,
+    version: int,
+    current: int,
+    staleness: int,
+    publish_every: int,
+    steps_since: int,
+    step_period_s: float,
+    since_publish_s: float = 0.0,
+    broadcast_s: float = 0.0,
 ) -> float:
-    """Seconds until ``version`` leaves the staleness window, if the learner
-    goes on publishing every ``publish_every`` steps of ``step_period_s``:
-    it leaves when version + staleness + 1 is published."""
-    steps = (version + staleness - current) * publish_every + max(1, publish_every - steps_since)
-    return max(0.0, steps * step_period_s)
+    """Seconds at least until ``version`` leaves the staleness window: it
+    leaves when version + staleness + 1 is published. Publishing is paced
+    (``publish_due``): after ``publish_every`` steps of ``step_period_s``,
+    and no sooner than ``broadcast_s`` after the last publish. The step under
+    way may end at any moment, so it counts as done (counting it as a whole
+    step to come, 28 batches in a run were refused 0.1 s after their prompts
+    were handed out: the publish came at the end of that step)."""
+    publishes = version + staleness - current + 1
+    if publishes <= 0:
+        return 0.0
+    next_publish = max((publish_every - steps_since - 1) * step_period_s, broadcast_s - since_publish_s, 0.0)
+    per_version = max(publish_every * step_period_s, broadcast_s)
+    return next_publish + (publishes - 1) * per_version
 
 
 class CapacityMeter:
@@ -158,6 +201,10 @@ class CapacityMeter:
         # The learner's pace: seconds from one step's start to the next's
         # (training plus waiting for rollouts), and steps since the last publish.
         self.step_period_s = 0.0
+        # The learner process's CPU time per step, all threads (training,
+        # verification, the event loop): on its cores, a floor on the period.
+        self.cpu_s = 0.0
+        self._last_cpu = 0.0
         self.steps_since_publish = 0
         self.steps_per_version = 0.0  # measured: publishing is paced (see Learner.publish_due)
         self.last_published = 0.0
@@ -166,6 +213,8 @@ class CapacityMeter:
         self.broadcast_s = 0.0
         self.verify_s_per_rollout = 0.0
         self._busy: deque[tuple[float, float]] = deque()  # (start, end) of train steps
+        self._first_step: float | None = None
+        self._models: deque[tuple[float, float]] = deque()  # (time, the model's utilization) per step
         self._forecasts: deque[tuple[float, float]] = deque()  # (made at, utilization) not yet settled
         self._errors: deque[float] = deque(maxlen=ERRORS_KEPT)
         self.last_settled: tuple[float, float] | None = None  # (forecast, measured)
@@ -179,10 +228,14 @@ class CapacityMeter:
         self.train_s = running_mean(self.train_s, end - start)
         if self.timings:
             self.timings.train_step.observe(end - start)
+        cpu = time.process_time()
         if self._last_start:
             self.step_period_s = running_mean(self.step_period_s, start - self._last_start)
             self.own_s = running_mean(self.own_s, max(0.0, start - self._last_start - waited))
-        self._last_start = start
+            self.cpu_s = running_mean(self.cpu_s, cpu - self._last_cpu)
+        self._last_start, self._last_cpu = start, cpu
+        if self._first_step is None:
+            self._first_step = start
         self.steps_since_publish += 1
         self._busy.append((start, end))
         # Kept two windows: a forecast made a window ago is settled over them.
@@ -245,6 +298,35 @@ class CapacityMeter:
     def _busy_fraction(self, start: float, end: float) -> float:
         busy = sum(max(0.0, min(e, end) - max(s, start)) for s, e in self._busy)
         return busy / (end - start) if end > start else 0.0
+
+    def on_model(self, utilization: float, now: float | None = None) -> None:
+        """After a step, the capacity model (``forecast``) said ``utilization``."""
+        now = time.monotonic() if now is None else now
+        self._models.append((now, utilization))
+        while self._models[0][0] < now - CALIBRATION_S:
+            self._models.popleft()
+
+    def anchored(self, now: float | None = None) -> float | None:
+        """The utilization to forecast for the next window: the one measured
+        over the last CALIBRATION_S seconds, moved as far as the model has
+        moved since (its mean over the last CURRENT_S seconds against its mean
+        over the CALIBRATION_S). The model's max() of mean times misses how
+        the learner's stages queue behind each other on shared cores (it
+        forecast 0.87-0.96 where 0.78-0.84 happened); the measurement holds
+        that, the model what changes. None (then the model alone) in the
+        learner's first CALIBRATION_S seconds of training, or with fewer than
+        MIN_MODEL_SAMPLES steps in the last CALIBRATION_S."""
+        now = time.monotonic() if now is None else now
+        recent = [u for t, u in self._models if t >= now - CALIBRATION_S]
+        current = [u for t, u in self._models if t >= now - CURRENT_S]
+        if self._first_step is None or now - self._first_step < CALIBRATION_S:
+            return None
+        if len(recent) < MIN_MODEL_SAMPLES or not current:
+            return None
+        if fmean(recent) <= 0:
+            return fmean(current)
+        measured = self._busy_fraction(max(self._first_step, now - CALIBRATION_S), now)
+        return min(1.0, measured * fmean(current) / fmean(recent))
 
     def on_forecast(self, utilization: float, now: float | None = None) -> None:
         """The model forecasts ``utilization`` over the next ``window_s``

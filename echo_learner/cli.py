@@ -309,6 +309,12 @@ def forecast_check(cap: dict) -> str:
     )
 
 
+def model_alone(cap: dict) -> str:
+    """The capacity model's own figure, where the forecast was anchored to measurements."""
+    model = cap.get("model_utilization")
+    return "" if model is None else f" (the model alone: {model:.0%})"
+
+
 def show(args: argparse.Namespace) -> None:
     if args.command == "status":
         data = api_get(args, "/api/status")
@@ -348,7 +354,7 @@ def show(args: argparse.Namespace) -> None:
             ),
             (
                 "capacity",
-                f"forecast utilization {cap['utilization']:.0%}; {cap['verdict']} "
+                f"forecast utilization {cap['utilization']:.0%}{model_alone(cap)}; {cap['verdict']} "
                 f"(have {cap['supply_rollouts_per_s']:.1f}, need {cap['needed_rollouts_per_s']:.1f} rollouts/s)",
             ),
             ("forecasts", forecast_check(cap)),

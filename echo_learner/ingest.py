@@ -26,7 +26,7 @@ from echo_learner.config import LearnerConfig
 from echo_learner.ledger import CREDIT_PER_TOKEN, Ledger, Row
 from echo_learner.peers import PeerBook, PeerStats
 from echo_learner.pool import Assignment, PromptPool, Rollouts
-from echo_learner.sizing import Worker, prompts_for
+from echo_learner.sizing import DEADLINE_SHARE, Worker, prompts_for
 from echo_learner.tasks.base import Task
 from echo_learner.trainer import ScoredGroup
 from echo_learner.verify import ACCEPTED, Limits, Policies, Window, verify_batch
@@ -148,11 +148,12 @@ class Ingest:
                         work.BANNED, "too many strikes (refused batches, prompts left unanswered); try again later"
                     )
                 version = self.current_version()
-                wanted = min(req.max_prompts, self._sized_for(peer, req), self._room_for(peer))
+                oldest, in_window_s = self._version_for(peer, req)
+                wanted = min(req.max_prompts, self._sized_for(peer, in_window_s), self._room_for(peer))
                 taken = self.pool.take(peer, wanted, version) if wanted else []
                 if taken:
                     self.peers.seen(peer).assigned += len(taken)
-                    return self._assignment(version, taken)
+                    return self._assignment(version, oldest, taken)
                 if self._provisional(peer):
                     # A newcomer looks again only every newcomer_retry_s: a
                     # crowd of them woken at every pool change would cost the
@@ -179,33 +180,59 @@ class Ingest:
             return False
         return self.peers.any_proven_active(self.config.assignment_timeout_s)
 
-    def _window_left_s(self, req: WorkRequest) -> float:
-        """Seconds until the version a node asking ``req`` will generate with
-        leaves the staleness window, at the learner's measured pace (inf in
-        sync mode, or before the pace is measured). That is the version it
-        holds if still in the window; else the current one, less the time
-        to fetch it."""
-        cfg, meter = self.config, self.meter
-        if cfg.window == 0 or meter.step_period_s <= 0:
-            return math.inf
-        current, version, fetch_s = self.current_version(), req.held_version, 0.0
-        if version not in self.window():
-            version, fetch_s = current, meter.broadcast_s
-        left = window_left_s(
-            version=version,
-            current=current,
-            staleness=cfg.window,
-            publish_every=cfg.publish_every,
-            steps_since=meter.steps_since_publish,
-            step_period_s=meter.step_period_s,
-        )
-        return max(0.0, left - fetch_s)
+    def _version_for(self, peer: str, req: WorkRequest) -> tuple[int, float]:
+        """Admission control (async mode): the oldest version ``peer`` may
+        generate its next prompts with, and the seconds until the version it
+        will use leaves the staleness window at the learner's measured pace
+        (inf in sync mode, or before the pace is measured).
 
-    def _sized_for(self, peer: str, req: WorkRequest) -> int:
+        The version it holds, if that stays in the window long enough for
+        what it holds plus one more prompt (at its measured rate, with the
+        deadline's margin): then any in the window will do. Else the oldest
+        newer one that stays long enough once fetched (a broadcast's time),
+        or at worst the current one. Handing a node prompts to make with a
+        version about to leave cost 1.2 % of honest batches
+        (bench/convergence.py): they arrived out of the window."""
+        cfg, meter, window = self.config, self.meter, self.window()
+        if cfg.window == 0 or meter.step_period_s <= 0:
+            return window.lo, math.inf
+        current, need_s = self.current_version(), self._one_more_s(peer)
+
+        def left_s(version: int) -> float:
+            return window_left_s(
+                version=version,
+                current=current,
+                staleness=cfg.window,
+                publish_every=cfg.publish_every,
+                steps_since=meter.steps_since_publish,
+                step_period_s=meter.step_period_s,
+                since_publish_s=time.monotonic() - meter.last_published,
+                broadcast_s=meter.broadcast_s,
+            )
+
+        if req.held_version in window and left_s(req.held_version) >= need_s:
+            return window.lo, left_s(req.held_version)
+        for version in range(max(window.lo, req.held_version + 1), current + 1):
+            fetched_s = left_s(version) - meter.broadcast_s
+            if fetched_s >= need_s or version == current:
+                return version, max(0.0, fetched_s)
+        return current, 0.0  # it holds a version newer than ours (a learner restarted from an older checkpoint)
+
+    def _one_more_s(self, peer: str) -> float:
+        """Seconds ``peer`` needs for the prompts it holds and one more, at its
+        measured rate, within the share of a deadline its work may fill
+        (0 before its rate is measured)."""
+        stats = self.peers.peers.get(peer)
+        if stats is None or stats.rate <= 0:
+            return 0.0
+        prompts = self.pool.held()[peer] + 1
+        return prompts * self.config.group_size / stats.rate / DEADLINE_SHARE
+
+    def _sized_for(self, peer: str, in_window_s: float) -> int:
         """Prompts ``peer`` finishes by the end of the round and well inside
         the deadline (echo_learner.sizing); in async mode the deadline is
-        also the version it will use leaving the window (admission control:
-        work it cannot return in time is not handed out)."""
+        also the version it will use leaving the window in ``in_window_s``
+        (admission control: work it cannot return in time is not handed out)."""
         cfg = self.config
         if not cfg.size_work:
             return cfg.prompts_per_request
@@ -222,7 +249,7 @@ class Ingest:
         swarm = {s.peer: worker(s) for s in self.peers.active(cfg.assignment_timeout_s) if s.rate > 0}
         return prompts_for(
             stats.rate if stats else 0.0,
-            min(cfg.assignment_timeout_s, self._window_left_s(req)),
+            min(cfg.assignment_timeout_s, in_window_s),
             cfg.group_size,
             cfg.prompts_per_request,
             held=held[peer],
@@ -245,12 +272,12 @@ class Ingest:
             held=self.pool.held(),
         )
 
-    def _assignment(self, version: int, taken: list[Assignment]) -> WorkAssignment:
+    def _assignment(self, version: int, oldest: int, taken: list[Assignment]) -> WorkAssignment:
         cfg = self.config
         return WorkAssignment(
             job_id=self.job_id,
             version=version,
-            min_version=self.window().lo,
+            min_version=oldest,
             prompts=tuple(Prompt(a.prompt_id, a.tokens) for a in taken),
             group_size=cfg.group_size,
             max_new_tokens=self.limits.max_new_tokens,
@@ -338,7 +365,20 @@ class Ingest:
         else:
             self.counters.batches_refused += 1
             self.counters.refused[reason] += 1
-            event(log, logging.INFO, "refused batch", peer=sender, reason=reason, version=batch.version)
+            handed, window = self.pool.lookup(batch.groups[0].prompt_id) if batch.groups else None, self.window()
+            event(
+                log,
+                logging.INFO,
+                "refused batch",
+                peer=sender,
+                reason=reason,
+                version=batch.version,
+                window=f"{window.lo}-{window.hi}",
+                # When and at which version its prompts were handed out: says
+                # whether the node was slow or given too little time.
+                handed_at_version=handed.version if handed else None,
+                handed_s_ago=round(trio.current_time() - handed.handed_at, 2) if handed else None,
+            )
             # Its prompts go to another node now, not at their deadline (a
             # sync step would wait that long for them); the sender keeps none
             # of them. Their lapse is no strike: a batch made in good faith

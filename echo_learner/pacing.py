@@ -8,22 +8,24 @@ happened, and decides when an async learner publishes the next version.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
-from collections.abc import Sized
 
 import trio
 
-from echo_learner.capacity import FORECASTS_PER_WINDOW, WARMUP_STEPS, CapacityMeter, forecast, publish_due
+from echo_learner.capacity import FORECASTS_PER_WINDOW, CapacityMeter, Forecast, forecast, publish_due
 from echo_learner.config import LearnerConfig
 from echo_learner.peers import PeerBook
 
 
 class Pacing:
-    def __init__(self, config: LearnerConfig, meter: CapacityMeter, peers: PeerBook, history: Sized):
+    def __init__(self, config: LearnerConfig, meter: CapacityMeter, peers: PeerBook):
         self.config = config
         self.meter = meter
         self.peers = peers
-        self.history = history  # the step records of this run (forecasts wait for WARMUP_STEPS of them)
+        # The cores this process may run on (pinned: fewer than the machine has).
+        self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
     def publish_due(self) -> bool:
         """Publish after every step in sync mode; in async mode paced by
@@ -37,6 +39,21 @@ class Pacing:
             since_publish_s=time.monotonic() - meter.last_published,
             broadcast_s=meter.broadcast_s,
         )
+
+    def on_step(self) -> dict:
+        """After a step: the model's inputs now, its forecast kept for anchoring."""
+        inputs = self.inputs()
+        self.meter.on_model(forecast(**inputs).utilization)
+        return inputs
+
+    def outlook(self) -> Forecast:
+        """The capacity model's forecast from the live inputs, its utilization
+        anchored to what this run measured (``CapacityMeter.anchored``)."""
+        model = forecast(**self.inputs())
+        anchored = self.meter.anchored()
+        if anchored is None:
+            return model
+        return dataclasses.replace(model, utilization=anchored, model_utilization=model.utilization)
 
     def inputs(self) -> dict:
         """What the capacity model is fed now (``echo_learner.capacity.forecast``'s arguments)."""
@@ -54,6 +71,8 @@ class Pacing:
             "broadcast_s": round(self.meter.broadcast_s, 4),
             "cycle_s": round(sum(cycles) / len(cycles), 4) if cycles else 0.0,
             "supply_rps": round(sum(p.rate for p in active), 3),
+            "cpu_s": round(self.meter.cpu_s, 4),
+            "cores": self.cores,
         }
 
     def forecast_check(self) -> dict:
@@ -71,9 +90,10 @@ class Pacing:
         run's measurements, and check earlier forecasts against what happened
         (``CapacityMeter.on_forecast``). Runs until cancelled."""
         while True:
-            inputs = self.inputs()
-            if len(self.history) >= WARMUP_STEPS and inputs["supply_rps"] > 0:  # measured in this run
-                self.meter.on_forecast(forecast(**inputs).utilization)
+            outlook = self.outlook()
+            # Checked only once anchored to this run's measurements (CapacityMeter.anchored).
+            if outlook.model_utilization is not None and outlook.supply_rollouts_per_s > 0:
+                self.meter.on_forecast(outlook.utilization)
             else:
                 self.meter.settle()
             # A sampling period, not synchronisation.

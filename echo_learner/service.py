@@ -26,7 +26,7 @@ import trio
 
 from echo_learner import checkpoint
 from echo_learner.bootstrap_probe import BootstrapProbe
-from echo_learner.capacity import CapacityMeter, forecast
+from echo_learner.capacity import CapacityMeter
 from echo_learner.config import LearnerConfig
 from echo_learner.device import choose as choose_device
 from echo_learner.directory import JobDirectory
@@ -166,7 +166,7 @@ class Learner:
         self.checkpointed_step = 0  # the step the checkpoint on disk holds
         self.started = time.time()
         self.history: deque[dict] = deque(maxlen=HISTORY_STEPS)
-        self.pacing = Pacing(config, self.meter, self.peers, self.history)
+        self.pacing = Pacing(config, self.meter, self.peers)
         self.ingest = Ingest(
             config,
             identity,
@@ -377,7 +377,7 @@ class Learner:
 
     def _write_metrics(self, stats: StepStats, staleness: float) -> None:
         c = self.ingest.counters
-        inputs = self.pacing.inputs()
+        inputs = self.pacing.on_step()
         record = {
             "step": self.step - 1,
             "version": self.version,
@@ -396,7 +396,7 @@ class Learner:
             "contributors": len(self.ingest.contributors),
             "utilization": round(self.meter.utilization(), 4),
             "capacity": inputs,
-            "predicted_utilization": round(forecast(**inputs).utilization, 4),
+            "predicted_utilization": round(self.pacing.outlook().utilization, 4),
             **self.pacing.forecast_check(),
         }
         self.history.append(record)
@@ -516,7 +516,7 @@ class Learner:
             "peers": len(self.peers.active(within_s=cfg.capacity_window_s)),
             "utilization": round(self.meter.utilization(), 4),
             "measurements": inputs,
-            "capacity": {**forecast(**inputs).to_json(), **self.pacing.forecast_check()},
+            "capacity": {**self.pacing.outlook().to_json(), **self.pacing.forecast_check()},
             "broadcast": self._broadcast_status(),
             "bootstrap": self.bootstrap_probe.to_json() if self.bootstrap_probe else [],
             "addrs": self.addrs,

@@ -141,7 +141,9 @@ async function refresh() {
   const checked = cap.forecast_error === null ? "no forecast checked yet"
     : `forecasts' mean error ${cap.forecast_error.toFixed(2)}; the last said ${(100 * cap.last_forecast).toFixed(0)} %, ${(100 * cap.last_measured).toFixed(0)} % happened`;
   document.getElementById("capacity").textContent =
-    `capacity: ${cap.verdict}; forecast utilization ${(100 * cap.utilization).toFixed(0)} % (${checked})`;
+    `capacity: ${cap.verdict}; forecast utilization ${(100 * cap.utilization).toFixed(0)} %`
+    + (cap.model_utilization === null ? "" : ` (the model alone: ${(100 * cap.model_utilization).toFixed(0)} %)`)
+    + ` (${checked})`;
   const b = status.broadcast;
   facts("broadcast-facts", [
     ["newest version", b.version], ["size", `${(b.bytes / 1e6).toFixed(1)} MB`],

@@ -87,14 +87,29 @@ def test_async_publishing_waits_for_the_last_version_to_spread():
 def test_time_a_version_has_left_in_the_window():
     from echo_learner.capacity import window_left_s
 
-    def left(version: int, steps_since: int) -> float:
+    def left(version: int, steps_since: int, since_publish_s: float = 9.0, broadcast_s: float = 0.0) -> float:
         return window_left_s(
-            version=version, current=10, staleness=2, publish_every=3, steps_since=steps_since, step_period_s=0.5
+            version=version,
+            current=10,
+            staleness=2,
+            publish_every=3,
+            steps_since=steps_since,
+            step_period_s=0.5,
+            since_publish_s=since_publish_s,
+            broadcast_s=broadcast_s,
         )
 
-    assert left(10, 0) == pytest.approx((2 * 3 + 3) * 0.5)  # the newest: two more versions, then the next
-    assert left(8, 1) == pytest.approx(2 * 0.5)  # the oldest usable: until the next publish
-    assert left(8, 5) == pytest.approx(0.5)  # a publish is due (or held back by pacing): at least a step
+    # The step under way may end now: after it, one more step, then the publish
+    # that moves the window; the newest has two more versions of 3 steps after that.
+    assert left(8, 1) == pytest.approx(1 * 0.5)
+    assert left(10, 1) == pytest.approx((1 + 2 * 3) * 0.5)
+    # A publish is due when the step under way ends: no time at all.
+    assert left(8, 2) == 0.0
+    assert left(8, 5) == 0.0
+    # ...unless pacing holds it back until the last version has spread (1.2 s),
+    # and each later one too.
+    assert left(8, 5, since_publish_s=0.2, broadcast_s=1.2) == pytest.approx(1.0)
+    assert left(9, 5, since_publish_s=0.2, broadcast_s=2.0) == pytest.approx(1.8 + 2.0)
     assert left(7, 0) == 0.0  # already out
 
 
@@ -108,3 +123,27 @@ def test_the_learner_s_own_time_per_step_counts_what_it_does_between_steps_but_n
     meter.on_bookkeeping(0.01)  # what it timed after training: less than it spends
     assert meter.train_s == pytest.approx(0.2)
     assert meter.overhead_s == pytest.approx(0.05)
+
+
+def test_the_forecast_starts_from_the_measured_utilization_and_moves_as_far_as_the_model_does():
+    meter = CapacityMeter(window_s=60)
+    start = 100.0
+
+    def steps(seconds: float, model: float) -> None:
+        # Steps of 0.16 s every 0.2 s (80 % busy), while the model says ``model``.
+        nonlocal start
+        for _ in range(round(seconds / 0.2)):
+            meter.on_train(start, start + 0.16)
+            meter.on_model(model, now=start + 0.16)
+            start += 0.2
+
+    assert meter.anchored(now=start) is None  # nothing measured yet: the model alone
+    steps(10, model=0.95)
+    assert meter.anchored(now=start) is None  # its first seconds say little about the next minute
+    steps(20, model=0.95)
+    # The model misses how the stages queue (0.95); what happened is 0.8.
+    assert meter.anchored(now=start) == pytest.approx(0.8, abs=0.01)
+    # Supply halves: the model says so at once, the measurement only later.
+    steps(5, model=0.475)
+    recent = (15 * 0.95 + 5 * 0.475) / 20
+    assert meter.anchored(now=start) == pytest.approx(0.8 * 0.475 / recent, abs=0.02)

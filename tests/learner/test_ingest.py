@@ -1,7 +1,11 @@
-"""The learner's rollout handler: a refused batch's prompts go to another node at once."""
+"""The learner's work and rollout handlers: admission control by version, and a
+refused batch's prompts going to another node at once."""
 
 import dataclasses
+import time
 
+import pytest
+import torch
 import trio
 
 from echo_learner import verify as v
@@ -11,8 +15,11 @@ from echo_learner.ingest import Ingest
 from echo_learner.ledger import Ledger
 from echo_learner.peers import PeerBook
 from echo_learner.tasks.reverse import ReverseTask
+from protocol.wire.work import WorkRequest
 from tests.learner.test_verify import GOOD, LIMITS, pool_with_prompt_7
 from tests.protocol.samples import LEARNER, NODE, batch
+
+REQUEST = WorkRequest(LIMITS.job_id, 8, 8, "llama", "q8_0", "", "public", "cpu", 1024, 0.0)
 
 
 async def test_a_refused_batch_gives_its_prompts_to_the_next_node_at_once(autojump_clock, tmp_path):
@@ -46,5 +53,57 @@ async def test_a_refused_batch_gives_its_prompts_to_the_next_node_at_once(autoju
         await trio.sleep(31)
         pool.take("third", 1, version=3)  # lapses are charged when prompts are handed out
         assert len(peers.peers[NODE.peer_id_str].strikes) == 2  # the two refusals' strikes, no lapse on top
+    finally:
+        ledger.close()
+
+
+def _admission(tmp_path, ledger, *, rate: float) -> Ingest:
+    """An async learner at version 10 (window 8-10, publishing every 3 steps
+    of 0.2 s, versions spreading in 0.5 s) that measured NODE at ``rate``
+    rollouts/s."""
+    policies = v.Policies(keep=3)
+    for version in (8, 9, 10):
+        policies.add(version, torch.nn.Linear(1, 1))
+    peers = PeerBook(strikes_to_ban=3, strike_window_s=600, ban_s=600, max_peers=100)
+    peers.seen(NODE.peer_id_str).rate = rate
+    meter = CapacityMeter(60.0)
+    meter.step_period_s, meter.broadcast_s = 0.2, 0.5
+    meter.last_published = time.monotonic() - 10  # long enough ago: only the step count holds a publish back
+    config = LearnerConfig(data_dir=tmp_path, mode="async", staleness=2, publish_every=3, group_size=4)
+    return Ingest(
+        config,
+        LEARNER,
+        job_id=LIMITS.job_id,
+        task=ReverseTask(),
+        decode=lambda ids: bytes(ids).decode(errors="replace"),
+        pad_id=256,
+        limits=LIMITS,
+        pool=pool_with_prompt_7(),  # NODE holds one prompt
+        policies=policies,
+        ledger=ledger,
+        peers=peers,
+        meter=meter,
+        current_version=lambda: 10,
+    )
+
+
+async def test_a_node_whose_version_leaves_the_window_before_it_could_answer_must_fetch_a_newer_one(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    try:
+        ingest = _admission(tmp_path, ledger, rate=400.0)  # 2 prompts of 4: 0.02 s, 0.04 s with the margin
+        asks = dataclasses.replace(REQUEST, held_version=8)
+
+        # Two steps since the publish: the one under way may end now and publish
+        # version 11, which moves 8 out. Version 9 stays for 3 more steps (0.6 s),
+        # enough once fetched (0.5 s): the node must get at least 9.
+        ingest.meter.steps_since_publish = 2
+        assert ingest._version_for(NODE.peer_id_str, asks) == (9, pytest.approx(0.1))
+        # One step since: the next publish is at least a step (0.2 s) away, time
+        # enough for 2 prompts: it may go on with what it holds, down to 8.
+        ingest.meter.steps_since_publish = 1
+        assert ingest._version_for(NODE.peer_id_str, asks) == (8, pytest.approx(0.2))
+        # A slower node (2 prompts: 0.2 s, 0.4 s with the margin) would not be back in time.
+        ingest.peers.peers[NODE.peer_id_str].rate = 40.0
+        assert ingest._version_for(NODE.peer_id_str, asks)[0] > 8
     finally:
         ledger.close()
