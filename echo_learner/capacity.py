@@ -133,8 +133,8 @@ def forecast(
         )
     elif staleness > 0 and period == cpu_bound > max(busy, verify_bound, generate_s):
         verdict = (
-            f"the learner's {cores} core(s) are saturated: {cpu_s:.2f} CPU-s a step, of which training "
-            f"{train_s:.2f} s (more cores for the learner, or verification on another device)"
+            f"the learner's {cores} core(s) are saturated: {cpu_s:.2f} CPU-s a step against {train_s:.2f} s "
+            f"of training (more cores for the learner, or verification on another device)"
         )
     elif staleness > 0 and period == verify_bound and verify_s > busy:
         verdict = (

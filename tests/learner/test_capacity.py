@@ -147,3 +147,13 @@ def test_the_forecast_starts_from_the_measured_utilization_and_moves_as_far_as_t
     steps(5, model=0.475)
     recent = (15 * 0.95 + 5 * 0.475) / 20
     assert meter.anchored(now=start) == pytest.approx(0.8 * 0.475 / recent, abs=0.02)
+
+
+def test_a_learner_whose_cores_are_saturated_steps_no_faster_than_they_allow():
+    # 0.4 CPU-s a step (training, verification, the event loop) on one core.
+    one = forecast(staleness=2, publish_every=4, supply_rps=5000, cpu_s=0.4, cores=1, **BASE)
+    assert one.utilization == pytest.approx(0.2 / 0.4)
+    assert "core(s) are saturated" in one.verdict
+    # On two cores the same work fits beside the step.
+    two = forecast(staleness=2, publish_every=4, supply_rps=5000, cpu_s=0.4, cores=2, **BASE)
+    assert two.utilization > 0.9 and "saturated" not in two.verdict
