@@ -148,8 +148,9 @@ class Ingest:
                         work.BANNED, "too many strikes (refused batches, prompts left unanswered); try again later"
                     )
                 version = self.current_version()
-                oldest, in_window_s = self._version_for(peer, req)
-                wanted = min(req.max_prompts, self._sized_for(peer, in_window_s), self._room_for(peer))
+                held = self.pool.held()  # prompts each peer holds unanswered
+                oldest, in_window_s = self._version_for(peer, req, held[peer])
+                wanted = min(req.max_prompts, self._sized_for(peer, in_window_s, held), self._room_for(peer, held))
                 taken = self.pool.take(peer, wanted, version) if wanted else []
                 if taken:
                     self.peers.seen(peer).assigned += len(taken)
@@ -180,7 +181,7 @@ class Ingest:
             return False
         return self.peers.any_proven_active(self.config.assignment_timeout_s)
 
-    def _version_for(self, peer: str, req: WorkRequest) -> tuple[int, float]:
+    def _version_for(self, peer: str, req: WorkRequest, holds: int) -> tuple[int, float]:
         """Admission control (async mode): the oldest version ``peer`` may
         generate its next prompts with, and the seconds until the version it
         will use leaves the staleness window at the learner's measured pace
@@ -188,7 +189,7 @@ class Ingest:
 
         The version it holds, if that stays in the window long enough for
         what it holds plus one more prompt (at its measured rate, with the
-        deadline's margin): then any in the window will do. Else the oldest
+        deadline's margin; it holds ``holds``): then any in the window will do. Else the oldest
         newer one that stays long enough once fetched (a broadcast's time),
         or at worst the current one. Handing a node prompts to make with a
         version about to leave cost 1.2 % of honest batches
@@ -196,7 +197,7 @@ class Ingest:
         cfg, meter, window = self.config, self.meter, self.window()
         if cfg.window == 0 or meter.step_period_s <= 0:
             return window.lo, math.inf
-        current, need_s = self.current_version(), self._one_more_s(peer)
+        current, need_s = self.current_version(), self._one_more_s(peer, holds)
 
         def left_s(version: int) -> float:
             return window_left_s(
@@ -210,25 +211,24 @@ class Ingest:
                 broadcast_s=meter.broadcast_s,
             )
 
-        if req.held_version in window and left_s(req.held_version) >= need_s:
-            return window.lo, left_s(req.held_version)
+        if req.held_version in window and (held_s := left_s(req.held_version)) >= need_s:
+            return window.lo, held_s
         for version in range(max(window.lo, req.held_version + 1), current + 1):
             fetched_s = left_s(version) - meter.broadcast_s
             if fetched_s >= need_s or version == current:
                 return version, max(0.0, fetched_s)
         return current, 0.0  # it holds a version newer than ours (a learner restarted from an older checkpoint)
 
-    def _one_more_s(self, peer: str) -> float:
-        """Seconds ``peer`` needs for the prompts it holds and one more, at its
+    def _one_more_s(self, peer: str, holds: int) -> float:
+        """Seconds ``peer`` needs for the ``holds`` prompts it holds and one more, at its
         measured rate, within the share of a deadline its work may fill
         (0 before its rate is measured)."""
         stats = self.peers.peers.get(peer)
         if stats is None or stats.rate <= 0:
             return 0.0
-        prompts = self.pool.held()[peer] + 1
-        return prompts * self.config.group_size / stats.rate / DEADLINE_SHARE
+        return (holds + 1) * self.config.group_size / stats.rate / DEADLINE_SHARE
 
-    def _sized_for(self, peer: str, in_window_s: float) -> int:
+    def _sized_for(self, peer: str, in_window_s: float, held: Counter[str]) -> int:
         """Prompts ``peer`` finishes by the end of the round and well inside
         the deadline (echo_learner.sizing); in async mode the deadline is
         also the version it will use leaving the window in ``in_window_s``
@@ -237,7 +237,7 @@ class Ingest:
         if not cfg.size_work:
             return cfg.prompts_per_request
         stats = self.peers.peers.get(peer)
-        held, since, now = self.pool.held(), self.pool.held_since(), trio.current_time()
+        since, now = self.pool.held_since(), trio.current_time()
 
         def worker(s: PeerStats) -> Worker:
             """``s``'s node as the round's model sees it: busy with what it
@@ -259,7 +259,7 @@ class Ingest:
             handed_this_round=self.pool.handed(peer),
         )
 
-    def _room_for(self, peer: str) -> int:
+    def _room_for(self, peer: str, held: Counter[str]) -> int:
         """How many more prompts ``peer`` may hold now (echo_learner.fairness)."""
         active = [s.peer for s in self.peers.active(self.config.assignment_timeout_s)]
         return fairness.room(
@@ -269,7 +269,7 @@ class Ingest:
             newcomer_share=self.config.newcomer_share,
             active=active,
             proven={p for p in active if self.peers.peers[p].accepted > 0},
-            held=self.pool.held(),
+            held=held,
         )
 
     def _assignment(self, version: int, oldest: int, taken: list[Assignment]) -> WorkAssignment:

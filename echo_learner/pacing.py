@@ -46,10 +46,11 @@ class Pacing:
         self.meter.on_model(forecast(**inputs).utilization)
         return inputs
 
-    def outlook(self) -> Forecast:
-        """The capacity model's forecast from the live inputs, its utilization
-        anchored to what this run measured (``CapacityMeter.anchored``)."""
-        model = forecast(**self.inputs())
+    def outlook(self, inputs: dict | None = None) -> Forecast:
+        """The capacity model's forecast from the live ``inputs`` (measured now
+        if not given), its utilization anchored to what this run measured
+        (``CapacityMeter.anchored``)."""
+        model = forecast(**(self.inputs() if inputs is None else inputs))
         anchored = self.meter.anchored()
         if anchored is None:
             return model

@@ -396,7 +396,7 @@ class Learner:
             "contributors": len(self.ingest.contributors),
             "utilization": round(self.meter.utilization(), 4),
             "capacity": inputs,
-            "predicted_utilization": round(self.pacing.outlook().utilization, 4),
+            "predicted_utilization": round(self.pacing.outlook(inputs).utilization, 4),
             **self.pacing.forecast_check(),
         }
         self.history.append(record)
@@ -516,7 +516,7 @@ class Learner:
             "peers": len(self.peers.active(within_s=cfg.capacity_window_s)),
             "utilization": round(self.meter.utilization(), 4),
             "measurements": inputs,
-            "capacity": {**self.pacing.outlook().to_json(), **self.pacing.forecast_check()},
+            "capacity": {**self.pacing.outlook(inputs).to_json(), **self.pacing.forecast_check()},
             "broadcast": self._broadcast_status(),
             "bootstrap": self.bootstrap_probe.to_json() if self.bootstrap_probe else [],
             "addrs": self.addrs,

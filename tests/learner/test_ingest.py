@@ -22,12 +22,10 @@ from tests.protocol.samples import LEARNER, NODE, batch
 REQUEST = WorkRequest(LIMITS.job_id, 8, 8, "llama", "q8_0", "", "public", "cpu", 1024, 0.0)
 
 
-async def test_a_refused_batch_gives_its_prompts_to_the_next_node_at_once(autojump_clock, tmp_path):
-    pool = pool_with_prompt_7()  # prompt 7 held by NODE, for 30 s
-    ledger = Ledger(tmp_path / "ledger.sqlite")
-    peers = PeerBook(strikes_to_ban=3, strike_window_s=600, ban_s=600, max_peers=100)
-    ingest = Ingest(
-        LearnerConfig(data_dir=tmp_path),
+def ingest_for(config, ledger, pool, policies, peers, meter, version: int) -> Ingest:
+    """The learner's handlers for the reverse task, at ``version``."""
+    return Ingest(
+        config,
         LEARNER,
         job_id=LIMITS.job_id,
         task=ReverseTask(),
@@ -35,11 +33,20 @@ async def test_a_refused_batch_gives_its_prompts_to_the_next_node_at_once(autoju
         pad_id=256,
         limits=LIMITS,
         pool=pool,
-        policies=v.Policies(keep=3),
+        policies=policies,
         ledger=ledger,
         peers=peers,
-        meter=CapacityMeter(60.0),
-        current_version=lambda: 3,
+        meter=meter,
+        current_version=lambda: version,
+    )
+
+
+async def test_a_refused_batch_gives_its_prompts_to_the_next_node_at_once(autojump_clock, tmp_path):
+    pool = pool_with_prompt_7()  # prompt 7 held by NODE, for 30 s
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    peers = PeerBook(strikes_to_ban=3, strike_window_s=600, ban_s=600, max_peers=100)
+    ingest = ingest_for(
+        LearnerConfig(data_dir=tmp_path), ledger, pool, v.Policies(keep=3), peers, CapacityMeter(60.0), 3
     )
     try:
         forged = dataclasses.replace(batch(groups=(GOOD,)), generate_ms=99)  # signature no longer fits
@@ -70,21 +77,11 @@ def _admission(tmp_path, ledger, *, rate: float) -> Ingest:
     meter.step_period_s, meter.broadcast_s = 0.2, 0.5
     meter.last_published = time.monotonic() - 10  # long enough ago: only the step count holds a publish back
     config = LearnerConfig(data_dir=tmp_path, mode="async", staleness=2, publish_every=3, group_size=4)
-    return Ingest(
-        config,
-        LEARNER,
-        job_id=LIMITS.job_id,
-        task=ReverseTask(),
-        decode=lambda ids: bytes(ids).decode(errors="replace"),
-        pad_id=256,
-        limits=LIMITS,
-        pool=pool_with_prompt_7(),  # NODE holds one prompt
-        policies=policies,
-        ledger=ledger,
-        peers=peers,
-        meter=meter,
-        current_version=lambda: 10,
-    )
+    return ingest_for(config, ledger, pool_with_prompt_7(), policies, peers, meter, 10)  # NODE holds one prompt
+
+
+def holds(ingest: Ingest) -> int:
+    return ingest.pool.held()[NODE.peer_id_str]
 
 
 async def test_a_node_whose_version_leaves_the_window_before_it_could_answer_must_fetch_a_newer_one(tmp_path):
@@ -97,13 +94,13 @@ async def test_a_node_whose_version_leaves_the_window_before_it_could_answer_mus
         # version 11, which moves 8 out. Version 9 stays for 3 more steps (0.6 s),
         # enough once fetched (0.5 s): the node must get at least 9.
         ingest.meter.steps_since_publish = 2
-        assert ingest._version_for(NODE.peer_id_str, asks) == (9, pytest.approx(0.1))
+        assert ingest._version_for(NODE.peer_id_str, asks, holds(ingest)) == (9, pytest.approx(0.1))
         # One step since: the next publish is at least a step (0.2 s) away, time
         # enough for 2 prompts: it may go on with what it holds, down to 8.
         ingest.meter.steps_since_publish = 1
-        assert ingest._version_for(NODE.peer_id_str, asks) == (8, pytest.approx(0.2))
+        assert ingest._version_for(NODE.peer_id_str, asks, holds(ingest)) == (8, pytest.approx(0.2))
         # A slower node (2 prompts: 0.2 s, 0.4 s with the margin) would not be back in time.
         ingest.peers.peers[NODE.peer_id_str].rate = 40.0
-        assert ingest._version_for(NODE.peer_id_str, asks)[0] > 8
+        assert ingest._version_for(NODE.peer_id_str, asks, holds(ingest))[0] > 8
     finally:
         ledger.close()
