@@ -138,6 +138,12 @@ class LearnerConfig(ConnectionSettings):
         "not solved (0: none; 0.1 suits the built-in model's reverse task, docs/learner.md)",
         lo=0.0,
     )
+    push_down_flat: bool = setting(
+        False,
+        "give a group whose completions all scored alike, below the step's mean reward, a negative advantage "
+        "against the step's rewards (GRPO gives it none, so a prompt the policy answers wrong with certainty "
+        "stays wrong; on suits the built-in model's reverse task, docs/learner.md)",
+    )
     assignment_timeout_s: float = setting(
         0.0,
         "seconds a node has to return assigned prompts before they go to another node (0: 30 s plus "

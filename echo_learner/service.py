@@ -275,7 +275,7 @@ class Learner:
         under torchrun (``echo_learner.train_group``) that start from this
         process's model."""
         cfg = self.config
-        objective = Objective(cfg.clip_eps, cfg.ratio_cap, cfg.kl_coef, cfg.entropy_coef)
+        objective = Objective(cfg.clip_eps, cfg.ratio_cap, cfg.kl_coef, cfg.entropy_coef, cfg.push_down_flat)
         common = {
             "lr": cfg.lr,
             "pad_id": self.tokenizer.pad_token_id,

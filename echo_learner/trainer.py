@@ -41,6 +41,7 @@ class Objective:
     ratio_cap: float
     kl_coef: float
     entropy_coef: float = 0.0
+    push_down_flat: bool = False  # see group_advantages
 
 
 def trainable_of(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -82,7 +83,7 @@ class Trainer:
 
     def step(self, groups: list[ScoredGroup]) -> StepStats:
         """One optimiser step on a batch of scored groups."""
-        batch = Batch.of(groups)
+        batch = Batch.of(groups, push_down_flat=self.objective.push_down_flat)
         if batch is None:
             # Every group scored all its completions alike: nothing to learn.
             # An AdamW step on zero gradients would still move the weights and
@@ -186,13 +187,13 @@ class Batch:
     reward_mean: float
 
     @classmethod
-    def of(cls, groups: list[ScoredGroup]) -> Batch | None:
+    def of(cls, groups: list[ScoredGroup], *, push_down_flat: bool = False) -> Batch | None:
         """The batch, or None when no group has any signal (every advantage 0)."""
         sizes = {len(g.rewards) for g in groups}
         if len(sizes) != 1:
             raise ValueError(f"groups of different sizes in one step: {sorted(sizes)}")
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
-        advantages = group_advantages(rewards).flatten()
+        advantages = group_advantages(rewards, push_down_flat=push_down_flat).flatten()
         if not advantages.any():
             return None
         completions = [c for g in groups for c in g.completions]

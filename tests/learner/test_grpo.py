@@ -11,6 +11,17 @@ def test_advantages_are_group_normalised():
     assert torch.equal(adv[1], torch.zeros(4))  # a uniform group teaches nothing
 
 
+def test_a_flat_group_below_the_step_s_mean_gets_its_standard_score_when_asked():
+    rewards = torch.tensor([[1.0, 0.0, 1.0, 0.0], [1 / 3] * 4, [1.0] * 4])
+    plain = group_advantages(rewards)
+    pushed = group_advantages(rewards, push_down_flat=True)
+    assert torch.equal(plain[1:], torch.zeros(2, 4))
+    assert torch.equal(pushed[0], plain[0])  # groups whose rewards differ: GRPO's own
+    expected = (1 / 3 - rewards.mean()) / rewards.std(unbiased=False)
+    assert torch.allclose(pushed[1], expected.expand(4)) and expected < -0.5
+    assert torch.equal(pushed[2], torch.zeros(4))  # flat at or above the mean: nothing to push
+
+
 def test_loss_pushes_up_positive_advantage_tokens():
     logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     loss = clipped_surrogate_loss(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 2), 0.2)

@@ -46,6 +46,34 @@ def test_step_raises_the_rewarded_completion():
     assert after > before + 0.1
 
 
+def test_a_prompt_answered_wrong_with_certainty_is_pushed_down_only_when_asked():
+    """Every group scored its completions alike: GRPO learns nothing and the
+    step is skipped; with ``push_down_flat`` the group below the step's mean
+    loses probability."""
+    prompt, wrong = (257, 97, 98, 99, 61), (99, 99, 97, 258)  # "abc=" answered "cca" (2 of 3 right)
+    other, solved = (257, 97, 97, 98, 61), (98, 97, 97, 258)
+
+    def token_logprobs(model, p, c):
+        with torch.no_grad():
+            lp = torch.log_softmax(model(input_ids=torch.tensor([list(p) + list(c)])).logits[0, :-1], -1)
+        return tuple(lp[len(p) - 1 + j, t].item() for j, t in enumerate(c))
+
+    for push_down_flat in (False, True):
+        torch.manual_seed(0)
+        model = build_model()
+        objective = Objective(clip_eps=0.2, ratio_cap=3.0, kl_coef=0.0, push_down_flat=push_down_flat)
+        trainer = Trainer(model, lr=1e-2, objective=objective, pad_id=256)
+        before = token_logprobs(model, prompt, wrong)
+        flat_wrong = ScoredGroup(prompt, (wrong,) * 4, (before,) * 4, (2 / 3,) * 4)
+        flat_right = ScoredGroup(other, (solved,) * 4, (token_logprobs(model, other, solved),) * 4, (1.0,) * 4)
+        stats = trainer.step([flat_wrong, flat_right])
+        after = token_logprobs(model, prompt, wrong)
+        if push_down_flat:
+            assert stats.tokens > 0 and sum(after) < sum(before) - 0.05
+        else:
+            assert stats.tokens == 0 and after == before
+
+
 def test_a_step_split_to_fit_its_memory_budget_equals_one_pass():
     """Long answers: a batch whose logits exceed --logit-memory-mib is trained
     in parts, each weighted by its share of the tokens: the same step."""
