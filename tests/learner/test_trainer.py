@@ -9,10 +9,15 @@ from echo_node.backend_torch import TorchBackend
 OBJ = Objective(clip_eps=0.2, ratio_cap=3.0, kl_coef=0.0)
 
 
+def token_logprobs(model, prompt, completion) -> tuple[float, ...]:
+    with torch.no_grad():
+        ids = torch.tensor([list(prompt) + list(completion)])
+        logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1], -1)
+    return tuple(logp[len(prompt) - 1 + j, t].item() for j, t in enumerate(completion))
+
+
 def sequence_logprob(model, prompt, completion):
-    ids = torch.tensor([list(prompt) + list(completion)])
-    logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1], -1)
-    return sum(logp[len(prompt) - 1 + j, t].item() for j, t in enumerate(completion))
+    return sum(token_logprobs(model, prompt, completion))
 
 
 def test_default_model_and_tokenizer_are_deterministic():
@@ -32,13 +37,8 @@ def test_step_raises_the_rewarded_completion():
     with torch.no_grad():
         before = sequence_logprob(model, prompt, good) - sequence_logprob(model, prompt, bad)
 
-    def logprobs(c):
-        with torch.no_grad():
-            ids = torch.tensor([list(prompt) + list(c)])
-            lp = torch.log_softmax(model(input_ids=ids).logits[0, :-1], -1)
-            return tuple(lp[len(prompt) - 1 + j, t].item() for j, t in enumerate(c))
-
-    group = ScoredGroup(prompt, (good, bad), (logprobs(good), logprobs(bad)), (1.0, 0.0))
+    behaviour = (token_logprobs(model, prompt, good), token_logprobs(model, prompt, bad))
+    group = ScoredGroup(prompt, (good, bad), behaviour, (1.0, 0.0))
     for _ in range(3):
         trainer.step([group])
     with torch.no_grad():
@@ -52,11 +52,6 @@ def test_a_prompt_answered_wrong_with_certainty_is_pushed_down_only_when_asked()
     loses probability."""
     prompt, wrong = (257, 97, 98, 99, 61), (99, 99, 97, 258)  # "abc=" answered "cca" (2 of 3 right)
     other, solved = (257, 97, 97, 98, 61), (98, 97, 97, 258)
-
-    def token_logprobs(model, p, c):
-        with torch.no_grad():
-            lp = torch.log_softmax(model(input_ids=torch.tensor([list(p) + list(c)])).logits[0, :-1], -1)
-        return tuple(lp[len(p) - 1 + j, t].item() for j, t in enumerate(c))
 
     for push_down_flat in (False, True):
         torch.manual_seed(0)
