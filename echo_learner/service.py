@@ -182,6 +182,7 @@ class Learner:
                 max_logit_bytes=config.logit_memory_mib * 2**20,
                 temperature=config.temperature,
                 stop_ids=stop_ids(self.tokenizer),
+                family=self.model.config.model_type,
             ),
             pool=self.pool,
             policies=self.policies,

@@ -43,6 +43,13 @@ reported log-prob by that much moves its importance ratios by at most
 e^0.6, past the PPO clip, which then drops those tokens' gradients; the
 plausibility z still catches tokens that were not sampled.
 
+Some families compute a step of their own in lower precision inside a
+backend, whatever the weights' dtype: llama.cpp's CPU GELU (Gemma's MLP) looks
+its input up in an f16 table (GGML_GELU_FP16, ggml-cpu/vec.h). On the tiny
+Gemma 2 models of tests/families.py its f32 worst token was 1.8e-3 and, with
+a LoRA adapter, 8.9e-3 (mean 4.8e-4), past the f32 bound; such rows
+(``FAMILY``) replace the backend's own for that family.
+
 On GPUs (cuda, mps, vulkan) kernels sum in other orders and llama.cpp's CUDA
 matmuls convert activations differently; no GPU was at hand to measure them
 yet, so GPUs get the CPU's bounds of the same backend and dtype until
@@ -81,9 +88,16 @@ GPUS = {"torch": ("cuda", "mps"), "llama": ("cuda", "mps", "vulkan")}
 TOLERANCE: dict[tuple[str, str, str], Tolerance] = {
     (backend, dtype, device): t for (backend, dtype), t in CPU.items() for device in ("cpu", *GPUS[backend])
 }
+# (family, backend, dtype) -> bounds that replace the backend's for that family.
+FAMILY = {
+    ("gemma2", "llama", "f32"): CPU[("llama", "f16")],  # its GELU runs in f16
+}
 
 
-def tolerance(backend: str, dtype: str, device: str = "cpu") -> Tolerance | None:
-    """The bounds for rollouts ``backend`` made in ``dtype`` on ``device``
-    (None: a combination no backend of ours runs)."""
-    return TOLERANCE.get((backend, dtype, device))
+def tolerance(backend: str, dtype: str, device: str = "cpu", family: str = "llama") -> Tolerance | None:
+    """The bounds for rollouts ``backend`` made in ``dtype`` on ``device`` for
+    a model of ``family`` (None: a combination no backend of ours runs)."""
+    allowed = TOLERANCE.get((backend, dtype, device))
+    if allowed is None:
+        return None
+    return FAMILY.get((family, backend, dtype), allowed)

@@ -15,7 +15,6 @@ can resume with a different ``--train-procs``.
 
 from __future__ import annotations
 
-import copy
 import hmac
 import io
 import json
@@ -37,6 +36,7 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
+from echo_learner.lora import frozen_copy
 from echo_learner.train_worker import AUTHKEY_ENV
 from echo_learner.trainer import ScoredGroup, StepStats
 from protocol.logs import event
@@ -190,7 +190,7 @@ class TrainGroup:
 
     def snapshot(self) -> torch.nn.Module:
         self.sync()
-        return copy.deepcopy(self.model).eval().requires_grad_(False)
+        return frozen_copy(self.model)
 
     def optimizer_state(self) -> dict:
         data = self._call({"op": "optimizer"})["optimizer"]

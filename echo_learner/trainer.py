@@ -14,7 +14,7 @@ import torch
 from echo_learner.device import of as device_of
 from echo_learner.grpo import clipped_surrogate_loss, entropy_surrogate, group_advantages, kl_penalty
 from echo_learner.logprobs import TRAIN_BYTES_PER_LOGIT, completion_logprobs, row_slices, spread
-from echo_learner.lora import state_bytes
+from echo_learner.lora import frozen_copy, state_bytes
 
 
 @dataclass(frozen=True)
@@ -78,8 +78,8 @@ class Trainer:
         return state_bytes(self.model)
 
     def snapshot(self) -> torch.nn.Module:
-        """A frozen copy of the current policy (to verify rollouts made with it)."""
-        return copy.deepcopy(self.model).eval().requires_grad_(False)
+        """A frozen copy of the current policy as published (to verify rollouts made with it)."""
+        return frozen_copy(self.model)
 
     def step(self, groups: list[ScoredGroup]) -> StepStats:
         """One optimiser step on a batch of scored groups."""

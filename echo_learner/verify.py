@@ -115,6 +115,8 @@ class Limits:
     max_logit_bytes: int = 2**30
     # The sampling temperature nodes are told: log-probs are recomputed at it.
     temperature: float = 1.0
+    # The model's family (protocol.families): some widen a backend's bounds.
+    family: str = "llama"
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,7 @@ async def verify_batch(
     finally:
         in_flight.discard(key)
     on_recomputed(time.monotonic() - started)
-    allowed = tolerance(batch.backend, batch.dtype, batch.device)
+    allowed = tolerance(batch.backend, batch.dtype, batch.device, limits.family)
     assert allowed is not None, "check_batch refuses unsupported combinations"
     reason = check_logprobs(error, allowed)
     if reason is not None:
@@ -213,7 +215,7 @@ def check_batch(
         return BAD_SIGNATURE
     if batch.job_id != limits.job_id:
         return WRONG_JOB
-    if tolerance(batch.backend, batch.dtype, batch.device) is None:
+    if tolerance(batch.backend, batch.dtype, batch.device, limits.family) is None:
         return UNSUPPORTED
     prompt_ids = [g.prompt_id for g in batch.groups]
     assignments = [pool.lookup(pid) for pid in prompt_ids]

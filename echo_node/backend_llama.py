@@ -22,13 +22,12 @@ from pathlib import Path
 
 import llama_cpp
 import numpy as np
-from safetensors.numpy import load
 
 from echo_node.backend import Sample
 from echo_node.device import Device, cpu
 from echo_node.memory import LLAMA_CELLS
 from protocol import updates
-from protocol.gguf_export import write_gguf
+from protocol.gguf_export import f32_tensors, write_gguf
 from protocol.gguf_lora import write_lora_gguf
 
 # Sequences decoded together. With a unified KV cache every token attends over
@@ -141,7 +140,7 @@ class LlamaBackend:
         _rank, alpha = updates.lora_settings(adapter)
         self.prepared += 1
         path = self.work_dir / f"policy-{self.prepared}-lora.gguf"
-        write_lora_gguf(config_json, load(adapter), alpha, path)
+        write_lora_gguf(config_json, f32_tensors(adapter), alpha, path)
         lora = llama_cpp.llama_adapter_lora_init(base.handle, str(path).encode())
         path.unlink()  # llama.cpp has read it into its own buffers
         if not lora:
@@ -162,7 +161,7 @@ class LlamaBackend:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.prepared += 1
         path = self.work_dir / f"policy-{self.prepared}-{self.dtype}.gguf"
-        write_gguf(config_json, load(weights), path, self.dtype)
+        write_gguf(config_json, f32_tensors(weights), path, self.dtype)
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = self.gpu_layers
         # No repacked weight layouts (AMX, CPU_REPACK): on Sapphire Rapids CPUs

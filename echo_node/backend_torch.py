@@ -6,10 +6,11 @@ import json
 
 import torch
 from safetensors.torch import load
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import CONFIG_MAPPING, AutoModelForCausalLM, PreTrainedModel
 
 from echo_node.backend import Sample
 from echo_node.device import Device, cpu
+from protocol.families import family_of
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
@@ -40,18 +41,22 @@ class TorchBackend:
             # TF32 matmuls would put log-probs ~1e-3 away from the learner's f32.
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
-        self.model: LlamaForCausalLM | None = None
+        self.model: PreTrainedModel | None = None
         # Double buffering: a new version loads into the spare model while
         # generation goes on with the current one; ``use`` swaps them.
-        self._spare: LlamaForCausalLM | None = None
+        self._spare: PreTrainedModel | None = None
 
-    def prepare(self, config_json: str, weights: bytes) -> LlamaForCausalLM:
-        """A model holding safetensors ``weights``, built from ``config_json``
-        (safe to call while ``generate`` runs)."""
-        config = LlamaConfig.from_dict(json.loads(config_json))
+    def prepare(self, config_json: str, weights: bytes) -> PreTrainedModel:
+        """A model holding safetensors ``weights`` (in whatever dtype they
+        travelled), built from ``config_json`` in this node's dtype (safe to
+        call while ``generate`` runs)."""
+        settings = json.loads(config_json)
+        config = CONFIG_MAPPING[family_of(settings).model_type].from_dict(settings)
+        config.dtype = self._torch_dtype  # as the built model's config says
         model = self._spare
         if model is None or model.config.to_dict() != config.to_dict():
-            model = LlamaForCausalLM(config).to(self._torch_device, self._torch_dtype).eval()
+            model = AutoModelForCausalLM.from_config(config, dtype=self._torch_dtype)
+            model = model.to(self._torch_device).eval()
         state = load(weights)
         missing, unexpected = model.load_state_dict(state, strict=False)
         tied = getattr(model.config, "tie_word_embeddings", False)
@@ -61,7 +66,7 @@ class TorchBackend:
             model.tie_weights()
         return model
 
-    def use(self, model: LlamaForCausalLM) -> None:
+    def use(self, model: PreTrainedModel) -> None:
         """Generate with ``model`` from now on (never call during ``generate``)."""
         self._spare, self.model = self.model, model
 

@@ -25,13 +25,14 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from protocol.families import UnsupportedModel, context_length, family_of
 from protocol.wire.work import WorkAssignment
 
 # Below this, softmax(logits / T) underflows to a one-hot in float64 for
 # ordinary logit gaps: sampling degenerates to argmax and log-probs to
 # -inf, which no learner can verify. The learner samples at 1.0.
 MIN_TEMPERATURE = 0.05
-# A transformers Llama config without max_position_embeddings gets this.
+# A transformers config without max_position_embeddings gets this.
 DEFAULT_CONTEXT = 2048
 
 
@@ -51,7 +52,7 @@ class ModelLimits:
     def from_config(cls, config_json: str) -> ModelLimits:
         """From the model config a manifest carries (a transformers config)."""
         config = json.loads(config_json)
-        return cls(int(config["vocab_size"]), int(config.get("max_position_embeddings", DEFAULT_CONTEXT)))
+        return cls(int(config["vocab_size"]), context_length(config, DEFAULT_CONTEXT))
 
 
 def check_assignment(work: WorkAssignment, limits: ModelLimits) -> None:
@@ -139,7 +140,7 @@ def _config_int(config: dict[str, Any], key: str, default: int | None = None) ->
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The sizes of a Llama that memory and compute depend on."""
+    """The sizes of a model that memory and compute depend on."""
 
     parameters: int
     vocab: int
@@ -150,13 +151,18 @@ class ModelShape:
 
 
 def model_shape(config_json: str) -> ModelShape:
-    """The shape of a Llama built from ``config_json``, every size bounded. Raises ``Refused``."""
+    """The shape of a model (of a family we support) built from
+    ``config_json``, every size bounded. Raises ``Refused``."""
     try:
         config = json.loads(config_json)
     except ValueError as exc:
         raise Refused(f"model config is not JSON ({exc})") from None
     if not isinstance(config, dict):
         raise Refused("model config is not a JSON object")
+    try:
+        family_of(config)
+    except UnsupportedModel as exc:
+        raise Refused(f"model config: {exc}") from None
     vocab, hidden = _config_int(config, "vocab_size"), _config_int(config, "hidden_size")
     inter, layers = _config_int(config, "intermediate_size"), _config_int(config, "num_hidden_layers")
     heads = _config_int(config, "num_attention_heads")

@@ -2,11 +2,12 @@
 package (no llama.cpp source tree needed).
 
 The input is what every node receives: the manifest's ``config.json`` text and
-the safetensors weights of a Llama-architecture model. The tensors are renamed
-to llama.cpp's names, the q/k projections are permuted from Hugging Face's
-rotate-half layout to llama.cpp's interleaved one (as llama.cpp's own
-``convert_hf_to_gguf.py`` does), and matrices are stored in the requested dtype.
-Norm weights (1-D) stay f32, as llama.cpp expects.
+the safetensors weights of a model of one of ``protocol.families``. Tensor
+names come from the ``gguf`` package's own per-architecture maps
+(``gguf.get_tensor_name_map``, as llama.cpp's converter uses them); the
+family's fixes (``Family.permute_qk``, ``Family.norm_shift``) are applied as
+llama.cpp's converter applies them; matrices are stored in the requested
+dtype. Norm weights and biases (1-D) stay f32, as llama.cpp expects.
 
 The node never tokenizes text (prompts arrive as token ids), but llama.cpp
 refuses a file without a vocabulary. We write a byte-level BPE vocabulary of
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,46 +32,48 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from protocol.bytevocab import byte_chars
+from protocol.families import Family, UnsupportedModel, family_of
 from protocol.files import replacing
 
 if TYPE_CHECKING:
     import gguf  # imported where used: only llama.cpp nodes need it
 
+__all__ = ["GGUF_DTYPES", "UnsupportedModel", "f32_tensors", "write_gguf"]
+
 # The dtypes a node can run (names as rollouts declare them).
 GGUF_DTYPES = ("f32", "f16", "q8_0")
 
 
-class UnsupportedModel(ValueError):
-    """The weights are not a Llama-architecture model this exporter knows."""
-
-
-def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+def permute(w: np.ndarray, heads: int) -> np.ndarray:
     """Hugging Face rotate-half rows -> llama.cpp interleaved rows, per head."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _tensor_names(layers: int) -> dict[str, str]:
-    names = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight",
-    }
-    for i in range(layers):
-        hf, gg = f"model.layers.{i}.", f"blk.{i}."
-        names.update(
-            {
-                hf + "input_layernorm.weight": gg + "attn_norm.weight",
-                hf + "self_attn.q_proj.weight": gg + "attn_q.weight",
-                hf + "self_attn.k_proj.weight": gg + "attn_k.weight",
-                hf + "self_attn.v_proj.weight": gg + "attn_v.weight",
-                hf + "self_attn.o_proj.weight": gg + "attn_output.weight",
-                hf + "post_attention_layernorm.weight": gg + "ffn_norm.weight",
-                hf + "mlp.gate_proj.weight": gg + "ffn_gate.weight",
-                hf + "mlp.up_proj.weight": gg + "ffn_up.weight",
-                hf + "mlp.down_proj.weight": gg + "ffn_down.weight",
-            }
-        )
-    return names
+def f32_tensors(weights: bytes) -> dict[str, np.ndarray]:
+    """A safetensors file's tensors as float32 arrays, whatever dtype they
+    travelled in (numpy has no bfloat16, so they go through torch)."""
+    from safetensors.torch import load
+
+    return {name: t.float().numpy() for name, t in load(weights).items()}
+
+
+class TensorNames:
+    """Hugging Face tensor names -> llama.cpp's, for one config."""
+
+    def __init__(self, config: dict, family: Family):
+        import gguf
+
+        arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == family.gguf_arch)
+        self._map = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
+
+    def get(self, hf_name: str) -> str | None:
+        return self._map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+
+    def __getitem__(self, hf_name: str) -> str:
+        name = self.get(hf_name)
+        if name is None:
+            raise UnsupportedModel(f"unexpected tensors: {hf_name} has no llama.cpp name")
+        return name
 
 
 def write_gguf(
@@ -81,29 +85,32 @@ def write_gguf(
     if dtype not in GGUF_DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {', '.join(GGUF_DTYPES)}")
     config = json.loads(config_json)
-    if config.get("model_type") != "llama":
-        raise UnsupportedModel(f"llama.cpp export supports the llama architecture, not {config.get('model_type')!r}")
-    unknown = set(tensors) - set(_tensor_names(config["num_hidden_layers"]))
+    family = family_of(config)
+    names = TensorNames(config, family)
+    unknown = sorted(n for n in tensors if names.get(n) is None)
     if unknown:
-        raise UnsupportedModel(f"unexpected tensors: {sorted(unknown)[:5]}")
-    with atomic_writer(path) as writer:
-        _add_hyperparameters(writer, config, dtype)
+        raise UnsupportedModel(f"unexpected tensors: {unknown[:5]}")
+    extra = _rope_tensors(config)  # before the writer: a refusal leaves nothing
+    with atomic_writer(path, family) as writer:
+        _add_hyperparameters(writer, config, family, dtype)
         if tokenizer_from is None:
             _add_vocabulary(writer, config)
         else:
             _copy_tokenizer(writer, tokenizer_from)
-        _add_tensors(writer, config, tensors, dtype)
+        _add_tensors(writer, config, family, names, tensors, dtype)
+        for name, data in extra.items():
+            writer.add_tensor(name, data)
 
 
 @contextlib.contextmanager
-def atomic_writer(path: Path) -> Iterator[gguf.GGUFWriter]:
-    """A llama-architecture GGUF writer for ``path``: what the block adds is
-    written, fsynced and renamed into place when it ends; nothing is left
-    under ``path`` if it raises."""
+def atomic_writer(path: Path, family: Family) -> Iterator[gguf.GGUFWriter]:
+    """A GGUF writer of ``family``'s architecture for ``path``: what the block
+    adds is written, fsynced and renamed into place when it ends; nothing is
+    left under ``path`` if it raises."""
     import gguf
 
     with replacing(path, durable=True) as tmp:
-        writer = gguf.GGUFWriter(str(tmp), arch="llama")
+        writer = gguf.GGUFWriter(str(tmp), arch=family.gguf_arch)
         try:
             yield writer
             writer.write_header_to_file()
@@ -113,16 +120,46 @@ def atomic_writer(path: Path) -> Iterator[gguf.GGUFWriter]:
             writer.close()
 
 
-def _add_hyperparameters(writer: gguf.GGUFWriter, config: dict, dtype: str) -> None:
+def _rope(config: dict) -> dict:
+    # transformers 5 keeps RoPE settings in rope_parameters; older configs
+    # have rope_theta (and rope_scaling) at the top level.
+    return config.get("rope_parameters") or config.get("rope_scaling") or {}
+
+
+def _rope_tensors(config: dict) -> dict[str, np.ndarray]:
+    """Llama 3's RoPE scaling, which llama.cpp reads as per-frequency factors
+    (``rope_freqs``), computed as llama.cpp's converter does; nothing for
+    plain RoPE; ``UnsupportedModel`` for any other kind."""
+    rope = _rope(config)
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind in ("default", "linear"):
+        return {}
+    if kind != "llama3":
+        raise UnsupportedModel(f"RoPE type {kind!r} is not supported by the GGUF export (default, linear, llama3)")
+    base = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+    dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    factor = rope.get("factor", 8.0)
+    low, high = rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+    old_context = rope.get("original_max_position_embeddings", 8192)
+    factors = []
+    for i in range(0, dim, 2):
+        wavelength = 2 * math.pi * base ** (i / dim)
+        if wavelength < old_context / high:
+            factors.append(1.0)
+        elif wavelength > old_context / low:
+            factors.append(factor)
+        else:
+            smooth = (old_context / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return {"rope_freqs.weight": np.array(factors, dtype=np.float32)}
+
+
+def _add_hyperparameters(writer: gguf.GGUFWriter, config: dict, family: Family, dtype: str) -> None:
     import gguf
 
     heads = config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    # transformers 5 keeps RoPE settings in rope_parameters; older configs
-    # have rope_theta (and rope_scaling) at the top level.
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise UnsupportedModel(f"RoPE type {rope.get('rope_type')!r} is not supported by the GGUF export")
+    rope = _rope(config)
     writer.add_context_length(config.get("max_position_embeddings", 2048))
     writer.add_embedding_length(config["hidden_size"])
     writer.add_block_count(config["num_hidden_layers"])
@@ -133,8 +170,22 @@ def _add_hyperparameters(writer: gguf.GGUFWriter, config: dict, dtype: str) -> N
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
     writer.add_rope_freq_base(float(rope.get("rope_theta", config.get("rope_theta", 10000.0))))
+    if rope.get("rope_type", rope.get("type")) == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(rope["factor"]))
     writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
     writer.add_vocab_size(config["vocab_size"])
+    if family.full_attention_every:
+        writer.add_sliding_window(int(config["sliding_window"]))
+    if family.softcapping:
+        for key, add in (
+            ("attn_logit_softcapping", writer.add_attn_logit_softcapping),
+            ("final_logit_softcapping", writer.add_final_logit_softcapping),
+        ):
+            if config.get(key) is None:
+                # llama.cpp caps this family's logits whatever the file says.
+                raise UnsupportedModel(f"{family.model_type}: {key} must be set")
+            add(float(config[key]))
     writer.add_file_type(
         {
             "f32": gguf.LlamaFileType.ALL_F32,
@@ -178,18 +229,26 @@ def _copy_tokenizer(writer: gguf.GGUFWriter, source: Path) -> None:
             writer.add_key_value(field.name, field.contents(), vtype, sub_type)
 
 
-def _add_tensors(writer: gguf.GGUFWriter, config: dict, tensors: dict[str, np.ndarray], dtype: str) -> None:
+def _add_tensors(
+    writer: gguf.GGUFWriter,
+    config: dict,
+    family: Family,
+    names: TensorNames,
+    tensors: dict[str, np.ndarray],
+    dtype: str,
+) -> None:
     import gguf
 
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
-    names = _tensor_names(config["num_hidden_layers"])
     for hf_name, array in sorted(tensors.items()):
         data = np.ascontiguousarray(array, dtype=np.float32)
-        if hf_name.endswith("q_proj.weight"):
-            data = _permute(data, heads)
-        elif hf_name.endswith("k_proj.weight"):
-            data = _permute(data, kv_heads)
+        if family.permute_qk and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
+            data = permute(data, heads)
+        elif family.permute_qk and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
+            data = permute(data, kv_heads)
+        if family.norm_shift and hf_name.endswith("norm.weight"):
+            data = data + np.float32(family.norm_shift)
         name = names[hf_name]
         if data.ndim == 1 or dtype == "f32":
             writer.add_tensor(name, data)

@@ -15,8 +15,9 @@ llama.cpp's base tensor, e.g. ``blk.3.attn_q.weight.lora_a`` (r x in) and
 ``scale * (alpha / r) * B @ (A @ x)`` to the base matrix's output, as PEFT does
 with ``lora_alpha / r`` (for ``use_rslora`` pass ``lora_alpha * sqrt(r)``).
 
-``protocol.gguf_export`` permutes the rows of the q and k projections from
-Hugging Face's rotate-half layout to llama.cpp's interleaved one. The rows of
+For the families whose q and k projections ``protocol.gguf_export`` permutes
+from Hugging Face's rotate-half layout to llama.cpp's interleaved one
+(``Family.permute_qk``: llama, mistral), the rows of
 ``W + B @ A`` are the rows of ``W`` plus the rows of ``B``, so ``lora_b`` of q
 and k gets the same row permutation and ``lora_a`` (whose rows are the rank)
 none.
@@ -31,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from protocol.gguf_export import UnsupportedModel, _permute, _tensor_names, atomic_writer
+from protocol.families import UnsupportedModel, family_of
+from protocol.gguf_export import TensorNames, atomic_writer, permute
 
 # base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight
 #   -> model.layers.3.self_attn.q_proj, "A"
@@ -45,21 +47,21 @@ def write_lora_gguf(config_json: str, adapter: dict[str, Any], alpha: float, pat
     import gguf
 
     config = json.loads(config_json)
-    if config.get("model_type") != "llama":
-        raise UnsupportedModel(f"llama.cpp export supports the llama architecture, not {config.get('model_type')!r}")
+    family = family_of(config)
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
-    names = _tensor_names(config["num_hidden_layers"])
+    names = TensorNames(config, family)
 
     pairs: dict[str, dict[str, np.ndarray]] = {}  # base HF name -> {"A": ..., "B": ...}
     for peft_name, tensor in adapter.items():
         match = _PEFT_NAME.fullmatch(peft_name)
         base = match["base"] + ".weight" if match else ""
-        if base not in names or names[base].endswith("norm.weight"):
-            raise UnsupportedModel(f"not a LoRA tensor of a llama matrix: {peft_name}")
+        gguf_name = names.get(base) if base else None
+        if gguf_name is None or gguf_name.endswith("norm.weight"):
+            raise UnsupportedModel(f"not a LoRA tensor of a {family.model_type} matrix: {peft_name}")
         pairs.setdefault(base, {})[match["half"]] = _as_f32(tensor)
 
-    with atomic_writer(Path(path)) as writer:
+    with atomic_writer(Path(path), family) as writer:
         writer.add_type(gguf.GGUFType.ADAPTER)
         writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
         writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
@@ -69,10 +71,10 @@ def write_lora_gguf(config_json: str, adapter: dict[str, Any], alpha: float, pat
             a, b = halves["A"], halves["B"]
             if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1]:
                 raise UnsupportedModel(f"{base}: lora_A {a.shape} and lora_B {b.shape} do not fit")
-            if base.endswith("q_proj.weight"):
-                b = _permute(b, heads)
-            elif base.endswith("k_proj.weight"):
-                b = _permute(b, kv_heads)
+            if family.permute_qk and base.endswith("q_proj.weight"):
+                b = permute(b, heads)
+            elif family.permute_qk and base.endswith("k_proj.weight"):
+                b = permute(b, kv_heads)
             writer.add_tensor(names[base] + ".lora_a", np.ascontiguousarray(a))
             writer.add_tensor(names[base] + ".lora_b", np.ascontiguousarray(b))
 

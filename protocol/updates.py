@@ -108,7 +108,8 @@ def lora_metadata(rank: int, alpha: float) -> dict[str, str]:
 
 
 def merge_lora(base: bytes, adapter: bytes) -> bytes:
-    """The base safetensors file with the adapter merged in, as safetensors bytes."""
+    """The base safetensors file with the adapter merged in, as safetensors
+    bytes (the merged matrices in float32)."""
     from safetensors import SafetensorError
     from safetensors.torch import load, save  # torch: only where weights are merged
 
@@ -126,7 +127,9 @@ def merge_lora(base: bytes, adapter: bytes) -> bytes:
         w = weights.get(target)
         if b is None or w is None or b.shape[1] != a.shape[0] or (b.shape[0], a.shape[1]) != tuple(w.shape):
             raise UpdateRefused(f"adapter tensor {prefix} does not fit the base model")
-        weights[target] = (w + scale * (b.float() @ a.float())).to(w.dtype).contiguous()
+        # In float32 whatever the base's dtype: rounding the merged matrix to
+        # a bf16 base's dtype would move the node off the learner's policy.
+        weights[target] = (w.float() + scale * (b.float() @ a.float())).contiguous()
     return save(weights)
 
 

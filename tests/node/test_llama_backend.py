@@ -172,7 +172,7 @@ def test_export_refuses_what_llama_cpp_cannot_run(tmp_path):
     model = build_model()
     config = json.loads(config_json(model))
     tensors = {k: v.numpy() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    with pytest.raises(UnsupportedModel, match="llama architecture"):
+    with pytest.raises(UnsupportedModel, match="'gpt2' is not supported; supported: llama"):
         write_gguf(json.dumps({**config, "model_type": "gpt2"}), tensors, tmp_path / "m.gguf", "f32")
     with pytest.raises(UnsupportedModel, match="unexpected tensors"):
         write_gguf(

@@ -1,0 +1,152 @@
+"""Every model family we support, on both backends, against the learner.
+
+For each family (tests/families.py: a tiny random model with the family's
+quirks), the node's llama.cpp GGUF and the learner's transformers model give
+the same log-probs on the same tokens, with and without a LoRA adapter, and an
+architecture we do not support is refused in one line before anything is
+written. Real parts: transformers, PEFT, the gguf package and llama.cpp.
+"""
+
+import json
+import random
+
+import pytest
+import torch
+
+from echo_learner.logprobs import grouped_logprobs
+from echo_learner.lora import LoraSettings, adapter_bytes, frozen_copy, state_bytes, wrap
+from echo_learner.model import ModelError, config_json, load_model
+from echo_learner.tolerance import tolerance
+from echo_node.backend_choice import llama_installed
+from echo_node.guard import Refused, check_version
+from protocol.families import FAMILIES as SUPPORTED
+from tests.families import FAMILIES, save_tiny_model, tiny_model
+
+needs_llama = pytest.mark.skipif(
+    not llama_installed(), reason="llama.cpp not installed: pip install -e '.[llama]' (make test does)"
+)
+# The issue's bound for f32, tighter than verification's (5e-3). Not for
+# Gemma: llama.cpp's CPU GELU looks its input up in an f16 table
+# (echo_learner/tolerance.py), which put its worst token 1.4e-3 to 8.9e-3
+# away on these models; verification allows for it.
+PARITY_F32 = 1e-3
+EOS = 258
+
+
+def parity_f32(family):
+    return tolerance("llama", "f32", family=family).worst / 2 if family == "gemma2" else PARITY_F32
+
+
+def prompts(rng, n=4):
+    return [(257, *(rng.randrange(97, 123) for _ in range(rng.randint(1, 12))), 61) for _ in range(n)]
+
+
+def differences(model, backend, seed, batches=2):
+    """Worst and mean |llama.cpp - learner| log-prob over sampled tokens, their count, and the mean surprise."""
+    rng = random.Random(seed)
+    diffs, surprise = [], []
+    for _ in range(batches):
+        ps = prompts(rng)
+        groups = backend.generate(ps, 8, 16, 1.0, (EOS,))
+        learner = grouped_logprobs(model, ps, [[s.tokens for s in g] for g in groups], 256)
+        for learner_group, group in zip(learner, groups):
+            for ref, s in zip(learner_group, group):
+                diffs.append((ref - torch.tensor(s.logprobs)).abs())
+                surprise.append(-ref)
+    d = torch.cat(diffs)
+    return d.max().item(), d.mean().item(), len(d), torch.cat(surprise).mean().item()
+
+
+def llama_backend(tmp_path, dtype):
+    from echo_node.backend_llama import LlamaBackend
+
+    return LlamaBackend(dtype, threads=1, work_dir=tmp_path / dtype)
+
+
+@needs_llama
+@pytest.mark.parametrize("family", FAMILIES)
+def test_llama_cpp_matches_transformers_for_every_family(family, tmp_path):
+    model = tiny_model(family)
+    for dtype in ("f32", "f16", "q8_0"):
+        backend = llama_backend(tmp_path, dtype)
+        backend.load(config_json(model), state_bytes(model))
+        worst, mean, tokens, surprise = differences(model, backend, seed=len(dtype))
+        backend.close()
+        print(f"{family} llama.cpp {dtype}: {tokens} tokens, worst {worst:.2e} mean {mean:.2e}, surprise {surprise:.2f}")
+        # Sharp enough that a wrong layout could not hide, not so sharp that every token is certain.
+        assert tokens > 200 and 1.5 < surprise < 4.0
+        # Within what the learner allows an honest node of that dtype.
+        allowed = tolerance("llama", dtype, family=family)
+        assert worst < allowed.worst and mean < allowed.mean
+        if dtype == "f32":
+            assert worst <= parity_f32(family)
+
+
+@needs_llama
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_lora_adapter_in_llama_cpp_equals_the_learners_peft_model(family, tmp_path):
+    base = tiny_model(family)
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    settings = LoraSettings(rank=4, alpha=8.0, dropout=0.0, targets=targets)
+    policy = wrap(tiny_model(family), settings)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_" in name:
+                p.copy_(0.3 * torch.randn(p.shape, generator=generator))
+    backend = llama_backend(tmp_path, "f32")
+    backend.use(backend.prepare_lora(config_json(base), b"base", lambda: state_bytes(base), adapter_bytes(policy, settings)))
+    worst, mean, tokens, _ = differences(policy.eval(), backend, seed=1)
+    print(f"{family} LoRA in llama.cpp f32: {tokens} tokens, worst {worst:.2e} mean {mean:.2e}")
+    assert worst <= parity_f32(family)
+    # The adapter moved the policy: the base alone is far from it.
+    assert differences(base, backend, seed=2, batches=1)[0] > 0.05
+    backend.close()
+
+
+def test_a_bf16_model_travels_in_bf16_and_is_verified_as_published(tmp_path):
+    from safetensors.torch import load
+
+    source = save_tiny_model("qwen3", tmp_path / "qwen3", dtype=torch.bfloat16)
+    model, _ = load_model(str(source))
+    assert next(model.parameters()).dtype == torch.float32  # the learner trains in f32
+    assert json.loads(config_json(model))["dtype"] == "bfloat16"
+    wire = state_bytes(model)
+    tensors = load(wire)
+    assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
+    assert len(wire) <= 2.05 * sum(t.numel() for t in tensors.values())
+    # After a step the f32 master weights are off the bf16 grid; the copy the
+    # learner verifies against is what nodes were sent.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1e-4 * torch.randn_like(p))
+    published = load(state_bytes(model))
+    frozen = frozen_copy(model).state_dict()
+    assert all(torch.equal(frozen[name].to(torch.bfloat16), t) for name, t in published.items())
+    assert all(torch.equal(frozen[name], t.float()) for name, t in published.items())
+
+
+def test_an_unsupported_architecture_is_refused_in_one_line(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=300)).save_pretrained(gpt2)
+    before = sorted(p.name for p in gpt2.iterdir())
+    with pytest.raises(ModelError) as refused:
+        load_model(str(gpt2))
+    message = str(refused.value)
+    assert "\n" not in message and "'gpt2'" in message and all(f in message for f in SUPPORTED)
+    assert sorted(p.name for p in gpt2.iterdir()) == before
+    # A node refuses such a version before building anything.
+    model = tiny_model("llama")
+    config = json.loads(config_json(model))
+    with pytest.raises(Refused, match="not supported; supported: llama"):
+        check_version(json.dumps({**config, "model_type": "gpt2"}), state_bytes(model))
+
+
+def test_a_hub_id_comes_from_the_local_cache_or_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelError, match="not in the local Hugging Face cache") as refused:
+        load_model("Qwen/Qwen3-0.6B")
+    assert "\n" not in str(refused.value)
