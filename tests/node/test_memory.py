@@ -20,6 +20,7 @@ from echo_node.memory import (
 # SmolLM2-135M-Instruct's shape (its GGUF's config), without loading it.
 SMOLLM2 = json.dumps(
     {
+        "model_type": "llama",
         "vocab_size": 49152,
         "hidden_size": 576,
         "intermediate_size": 1536,
