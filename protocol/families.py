@@ -55,9 +55,7 @@ def family_of(config: dict) -> Family:
     model_type = config.get("model_type")
     family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if family is None:
-        raise UnsupportedModel(
-            f"model architecture {model_type!r} is not supported; supported: {', '.join(FAMILIES)}"
-        )
+        raise UnsupportedModel(f"model architecture {model_type!r} is not supported; supported: {', '.join(FAMILIES)}")
     _check_attention(family, config)
     return family
 

@@ -72,7 +72,9 @@ def test_llama_cpp_matches_transformers_for_every_family(family, tmp_path):
         backend.load(config_json(model), state_bytes(model))
         worst, mean, tokens, surprise = differences(model, backend, seed=len(dtype))
         backend.close()
-        print(f"{family} llama.cpp {dtype}: {tokens} tokens, worst {worst:.2e} mean {mean:.2e}, surprise {surprise:.2f}")
+        print(
+            f"{family} llama.cpp {dtype}: {tokens} tokens, worst {worst:.2e} mean {mean:.2e}, surprise {surprise:.2f}"
+        )
         # Sharp enough that a wrong layout could not hide, not so sharp that every token is certain.
         assert tokens > 200 and 1.5 < surprise < 4.0
         # Within what the learner allows an honest node of that dtype.
@@ -95,7 +97,9 @@ def test_a_lora_adapter_in_llama_cpp_equals_the_learners_peft_model(family, tmp_
             if "lora_" in name:
                 p.copy_(0.3 * torch.randn(p.shape, generator=generator))
     backend = llama_backend(tmp_path, "f32")
-    backend.use(backend.prepare_lora(config_json(base), b"base", lambda: state_bytes(base), adapter_bytes(policy, settings)))
+    backend.use(
+        backend.prepare_lora(config_json(base), b"base", lambda: state_bytes(base), adapter_bytes(policy, settings))
+    )
     worst, mean, tokens, _ = differences(policy.eval(), backend, seed=1)
     print(f"{family} LoRA in llama.cpp f32: {tokens} tokens, worst {worst:.2e} mean {mean:.2e}")
     assert worst <= parity_f32(family)
