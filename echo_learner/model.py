@@ -174,7 +174,7 @@ def load_model(source: str, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedT
     # its config can, and holds exactly the same weights.
     model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
-    model.config.dtype = config.dtype
+    model.config.dtype = config.dtype or torch.float32  # a .gguf source names none
     model.eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
