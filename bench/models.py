@@ -1,6 +1,6 @@
-"""Every model family on both backends, checked as the learner checks rollouts.
+"""Every model family on both backends, and a Qwen3-0.6B-shaped model in a real swarm.
 
-Part (1) of issue 36's benchmark. For each family of ``protocol.families``
+Part (1), ``--only families``. For each family of ``protocol.families``
 (the tiny random models of ``tests/families.py``, each with its family's
 quirks), a llama.cpp node (f32 and q8_0) and a torch node (f32) generate
 ``--rollouts`` honest rollouts each, and every batch is verified exactly as
@@ -8,11 +8,23 @@ the learner verifies it (``logprob_error`` + ``check_logprobs`` with the
 tolerance of the declared backend, dtype and family). A family is ok when
 neither backend has a false reject.
 
-    python bench/models.py --json              # >= 2,000 rollouts per family and backend, ~2 minutes
-
 Prints ``family_rollouts_checked`` and ``family_false_rejects`` per family
 and backend, the worst |log-prob difference| seen, and ``families_ok``.
-Part (2), the Qwen3-0.6B-shaped swarm, is not built yet.
+
+Part (2), ``--only qwen3``. A model of Qwen3-0.6B's real shape (28 layers,
+hidden 1024, 16 heads / 8 KV heads, head_dim 128, vocab 151,936, tied
+embeddings, q/k norms; random weights in bf16) trained with LoRA r16 by a
+real learner, with a llama.cpp q8_0 node and a torch f32 node, real
+processes on 127.0.0.1, short answers, until every node has ``--rollouts-per-node``
+rollouts accepted over at least ``--versions`` adapter versions. Prints
+``base_bytes_per_param``, ``adapter_over_base``, ``rollouts_checked`` and
+``false_rejects`` per node, ``join_to_first_accepted_s``,
+``node_tokens_per_s``, ``memory_estimate_error`` (|what the node's memory
+model says its peak is - its peak RSS| / peak RSS), ``node_peak_rss_gib``, ``learner_peak_rss_gib`` and
+``learner_step_s``.
+
+    python bench/models.py --json              # both parts: ~1 minute + ~30 minutes
+    python bench/models.py --only families --json
 """
 
 from __future__ import annotations
@@ -20,6 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sqlite3
+import statistics
 import sys
 import tempfile
 import time
@@ -28,13 +42,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "scripts"))
 
+from localswarm import local_swarm  # noqa: E402
 from plausibility import EOS, GROUP, PAD, as_batch, backend_for, prompts_for  # noqa: E402
 
 from echo_learner.lora import state_bytes  # noqa: E402
 from echo_learner.model import config_json  # noqa: E402
 from echo_learner.tolerance import tolerance  # noqa: E402
 from echo_learner.verify import check_logprobs, logprob_error  # noqa: E402
+from protocol import codec  # noqa: E402
+from protocol.messages import Manifest  # noqa: E402
 from tests.families import FAMILIES, tiny_model  # noqa: E402
 
 BACKENDS = (("llama", "f32"), ("llama", "q8_0"), ("torch", "f32"))
@@ -66,15 +84,185 @@ def check_family(family: str, rollouts: int, max_new: int, rng: random.Random, w
     return out
 
 
+# Qwen3-0.6B's config.json, but for the tokenizer's ids (the built-in byte
+# tokenizer's pad, bos and eos: prompts are the reverse task's bytes).
+QWEN3_0_6B = dict(
+    vocab_size=151936,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    pad_token_id=256,
+    bos_token_id=257,
+    eos_token_id=258,
+)
+NODES = (("torch", "f32"), ("llama", "q8_0"))
+
+
+def save_qwen3_0_6b(directory: Path) -> int:
+    """A random-weight Qwen3-0.6B-shaped model in bf16 as a Hugging Face directory; its parameter count."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from echo_learner.model import build_tokenizer
+
+    config = AutoConfig.for_model("qwen3", **QWEN3_0_6B, dtype="bfloat16")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(directory)
+    build_tokenizer().save_pretrained(directory)
+    return sum(p.numel() for p in model.parameters())
+
+
+def peak_rss_gib(pid: int) -> float:
+    """A live process's peak resident memory (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 2**20
+    raise ValueError(f"no VmHWM for {pid}")
+
+
+def node_estimate_gib(config_json: str, backend: str, dtype: str, sequences: int, new_tokens: int) -> float:
+    """What the node's memory model (echo_node/memory.py) says its peak is:
+    loading a version beside the one in use (torch keeps that one as its
+    spare; llama.cpp loads its base once), one generate call, and the
+    headroom it keeps for its own Python heap."""
+    from echo_node.guard import model_shape
+    from echo_node.memory import HEADROOM, WEIGHT_BYTES, call_need, load_need
+
+    shape = model_shape(config_json)
+    in_use = shape.parameters * WEIGHT_BYTES[dtype] if backend == "torch" else 0
+    need = load_need(shape, backend, dtype) + call_need(shape, backend, sequences, 16, new_tokens)
+    return (in_use + need.total + HEADROOM) / 2**30
+
+
+def verdicts(ledger: Path) -> list[tuple]:
+    if not ledger.exists():
+        return []
+    db = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
+    try:
+        return db.execute("SELECT peer, version, rollouts, verdict, reason, created_ms FROM verdicts").fetchall()
+    except sqlite3.OperationalError:  # the learner has not created it yet
+        return []
+    finally:
+        db.close()
+
+
+def run_qwen3(args: argparse.Namespace, root: Path) -> dict:
+    model_dir = root / "qwen3-0.6b"
+    params = save_qwen3_0_6b(model_dir)
+    with local_swarm(root / "swarm") as swarm:
+        swarm.start_bootstrap()
+        learner = swarm.start_learner(
+            "--model", str(model_dir), "--lora", "16", "--lr", "2e-4", "--steps", "1000000",
+            "--group-size", "4", "--prompts-per-step", "4", "--max-new-tokens", str(args.max_new_tokens),
+            "--torch-threads", "1",
+        )  # fmt: skip
+        started = {}
+        for i, (backend, dtype) in enumerate(NODES):
+            started[i] = time.time()
+            swarm.start_node(i, "--backend", backend, "--dtype", dtype, "--threads", "1")
+        ledger = swarm.root / "learner" / "ledger.sqlite"
+        deadline = time.monotonic() + args.timeout_min * 60
+        while time.monotonic() < deadline:
+            for name, proc in swarm.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited {proc.returncode}; see {swarm.root / name}.log")
+            rows = verdicts(ledger)
+            accepted: dict[str, int] = {}
+            for peer, _version, rollouts, verdict, _reason, _ms in rows:
+                if verdict == "accepted":
+                    accepted[peer] = accepted.get(peer, 0) + rollouts
+            versions = len(swarm.metrics())
+            if len(accepted) == len(NODES) and min(accepted.values()) >= args.rollouts_per_node:
+                if versions >= args.versions:
+                    break
+            time.sleep(5)  # polling another process's SQLite file
+        peers = {
+            p["peer"]: p
+            for p in json.loads(
+                swarm.run(
+                    "learner", "echo_learner", "peers", "--json", "--data-dir", str(swarm.root / "learner")
+                ).stdout
+            )
+        }
+        rss = {"learner": peak_rss_gib(learner.pid)}
+        for i in range(len(NODES)):
+            rss[f"node{i}"] = peak_rss_gib(swarm.procs[f"node{i}"].pid)
+        rows = verdicts(ledger)
+        steps = swarm.metrics()
+        manifests = [
+            codec.decode(p.read_bytes(), Manifest) for p in (swarm.root / "learner" / "weights").glob("*/manifests/*")
+        ]
+        codes = swarm.stop_all()
+    base = next(m for m in manifests if m.format == "safetensors")
+    adapters = [m.total_size for m in manifests if m.format == "lora"]
+    per_node = {}
+    for i, (backend, dtype) in enumerate(NODES):
+        name = f"{backend}_{dtype}"
+        peer = next((p for p in peers.values() if p["backend"] == backend), None)
+        mine = [r for r in rows if peer is not None and r[0] == peer["peer"]]
+        first = min((r[5] for r in mine if r[3] == "accepted"), default=None)
+        config = base.model_config
+        estimate = node_estimate_gib(config, backend, dtype, 4 * 4, args.max_new_tokens)
+        per_node[name] = {
+            "rollouts_checked": sum(r[2] for r in mine),
+            "false_rejects": sum(r[2] for r in mine if r[3] == "refused" and r[4] != "version_out_of_window"),
+            "out_of_window": sum(r[2] for r in mine if r[4] == "version_out_of_window"),
+            "join_to_first_accepted_s": None if first is None else round(first / 1000 - started[i], 1),
+            "node_tokens_per_s": None if peer is None else peer["tokens_per_s"],
+            "memory_estimate_gib": round(estimate, 2),
+            "node_peak_rss_gib": round(rss[f"node{i}"], 2),
+            "memory_estimate_error": round(abs(estimate - rss[f"node{i}"]) / rss[f"node{i}"], 3),
+        }
+    step_times = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(steps, steps[1:])]
+    return {
+        "params": params,
+        "base_bytes_per_param": round(base.total_size / params, 3),
+        "adapter_over_base": round(max(adapters) / base.total_size, 4) if adapters else None,
+        "versions": len(steps),
+        "nodes": per_node,
+        "learner_peak_rss_gib": round(rss["learner"], 2),
+        "learner_step_s": round(statistics.median(step_times), 2) if step_times else None,
+        "exit_codes": codes,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rollouts", type=int, default=2000, help="honest rollouts per family and backend")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated subset")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", choices=("families", "qwen3"), help="run one part (default: both)")
+    parser.add_argument("--rollouts-per-node", type=int, default=256, help="part 2: accepted rollouts per node")
+    parser.add_argument("--versions", type=int, default=6, help="part 2: at least this many versions")
+    parser.add_argument("--timeout-min", type=float, default=45, help="part 2: give up after this long")
+    parser.add_argument("--dir", type=Path, help="part 2: keep the swarm's files here (default: a temporary dir)")
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     args = parser.parse_args()
     started = time.monotonic()
+    result: dict = {}
+    if args.only != "qwen3":
+        result.update(run_families(args))
+    if args.only != "families":
+        if args.dir is not None:
+            args.dir.mkdir(parents=True, exist_ok=True)
+            result["qwen3_0_6b"] = run_qwen3(args, args.dir)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                result["qwen3_0_6b"] = run_qwen3(args, Path(tmp))
+    result["wall_s"] = round(time.monotonic() - started, 1)
+    print(json.dumps(result))
+
+
+def run_families(args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
     families = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -82,16 +270,14 @@ def main() -> None:
             families[family] = check_family(family, args.rollouts, args.max_new_tokens, rng, Path(tmp))
             if not args.json:
                 print(family, json.dumps(families[family]), flush=True)
-    result = {
+    return {
         "family_rollouts_checked": {f: {b: r["rollouts_checked"] for b, r in v.items()} for f, v in families.items()},
         "family_false_rejects": {f: {b: r["false_rejects"] for b, r in v.items()} for f, v in families.items()},
         "family_worst_logprob_diff": {
             f: {b: r["worst_logprob_diff"] for b, r in v.items()} for f, v in families.items()
         },
         "families_ok": sorted(f for f, v in families.items() if all(r["false_rejects"] == 0 for r in v.values())),
-        "wall_s": round(time.monotonic() - started, 1),
     }
-    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 A backend holds one policy version and samples completions from it:
 
-    prepare(config_json, weights)  get a version (safetensors bytes) ready to
-                                   run, while generation goes on
+    prepare(config_json, weights, digest)
+                                   get a version (safetensors bytes, with
+                                   their SHA-256 when known) ready to run,
+                                   while generation goes on
     use(prepared)                  swap it in (between generations)
     close()                        free it when the node leaves
     generate(prompts, ...)       group_size samples per prompt, each sampled
@@ -36,7 +38,7 @@ class Backend(Protocol):
     auto_dtype: bool  # the node may set ``dtype`` to what fits (before the first prepare)
     device: Device  # where it generates
 
-    def prepare(self, config_json: str, weights: bytes) -> Any: ...
+    def prepare(self, config_json: str, weights: bytes, digest: bytes = b"") -> Any: ...
 
     def use(self, prepared: Any) -> None: ...
 

@@ -117,9 +117,13 @@ class LlamaBackend:
         for stale in work_dir.glob("policy-*.gguf*"):
             stale.unlink()
 
-    def prepare(self, config_json: str, weights: bytes) -> Loaded:
-        """Export ``weights`` as a GGUF in this node's dtype and load it."""
-        return self._context(self._load_model(config_json, weights))
+    def prepare(self, config_json: str, weights: bytes, digest: bytes = b"") -> Loaded:
+        """Export ``weights`` as a GGUF in this node's dtype and load it.
+        ``digest`` (SHA-256 of ``weights``) names the model, so that LoRA
+        versions made against these very weights use it as their base."""
+        model = self._load_model(config_json, weights)
+        model.key = digest
+        return self._context(model)
 
     def prepare_lora(
         self, config_json: str, base_key: bytes, base_weights: Callable[[], bytes], adapter: bytes
@@ -128,8 +132,17 @@ class LlamaBackend:
         llama.cpp adapter on the base model, loaded once per base
         (``base_weights`` is called only then). 0.14 s a version for
         SmolLM2-135M where merging and exporting the whole model takes 1.2 s
-        (bench/lora_gguf.py)."""
+        (bench/lora_gguf.py). ``base_key``: the SHA-256 of the base's
+        weights; the version in use is the base itself when it is the base
+        version, and is not loaded twice (a Qwen3-0.6B-shaped q8_0 node
+        peaked at 9 GiB, killed, when it was)."""
         base = self._base if self._base is not None and self._base.key == base_key else None
+        if base is None and self.loaded is not None and self.loaded.model.key == base_key:
+            base = self.loaded.model
+            if self._base is not None:
+                self._base.release()
+            base.users += 1  # held by the backend until another base replaces it
+            self._base = base
         if base is None:
             base = self._load_model(config_json, base_weights())
             base.key = base_key

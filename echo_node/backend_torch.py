@@ -46,10 +46,10 @@ class TorchBackend:
         # generation goes on with the current one; ``use`` swaps them.
         self._spare: PreTrainedModel | None = None
 
-    def prepare(self, config_json: str, weights: bytes) -> PreTrainedModel:
+    def prepare(self, config_json: str, weights: bytes, digest: bytes = b"") -> PreTrainedModel:
         """A model holding safetensors ``weights`` (in whatever dtype they
         travelled), built from ``config_json`` in this node's dtype (safe to
-        call while ``generate`` runs)."""
+        call while ``generate`` runs). ``digest`` is not needed here."""
         settings = json.loads(config_json)
         config = CONFIG_MAPPING[family_of(settings).model_type].from_dict(settings)
         config.dtype = self._torch_dtype  # as the built model's config says

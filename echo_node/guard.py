@@ -25,7 +25,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.families import UnsupportedModel, context_length, family_of
+from protocol.families import UnsupportedModel, context_length, family_of, wire_dtype
 from protocol.wire.work import WorkAssignment
 
 # Below this, softmax(logits / T) underflows to a one-hot in float64 for
@@ -148,6 +148,7 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     context: int
+    wire_bytes: int = 4  # a published weight's bytes: the model's own dtype (protocol.families.wire_dtype)
 
 
 def model_shape(config_json: str) -> ModelShape:
@@ -172,7 +173,15 @@ def model_shape(config_json: str) -> ModelShape:
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, k, v, o
     per_layer = attention + 3 * hidden * inter + 2 * hidden  # + gate, up, down and two norms
     embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", False) else 2)
-    return ModelShape(embeddings + layers * per_layer + hidden, vocab, layers, kv_heads, head_dim, context)
+    return ModelShape(
+        embeddings + layers * per_layer + hidden,
+        vocab,
+        layers,
+        kv_heads,
+        head_dim,
+        context,
+        wire_bytes=4 if wire_dtype(config) == "f32" else 2,
+    )
 
 
 def check_version(config_json: str, weights: bytes) -> ModelShape:

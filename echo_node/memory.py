@@ -33,7 +33,7 @@ HEADROOM = 512 * MiB
 WEIGHT_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32}
 # --dtype auto on llama.cpp: the most exact that fits (the learner allows for each).
 LLAMA_DTYPES = ("f32", "f16", "q8_0")
-PUBLISHED_BYTES = 4  # learners publish f32 safetensors
+F32_BYTES = 4  # llama.cpp's GGUF export widens every tensor to f32 first
 KV_BYTES = 4  # both backends keep an f32 KV cache (exact log-probs; backend_llama.py)
 LLAMA_CELLS = 4096  # llama.cpp's context: KV cells shared by one call's sequences
 
@@ -70,10 +70,13 @@ def kv_bytes_per_token(shape: ModelShape) -> int:
 
 def load_need(shape: ModelShape, backend: str, dtype: str) -> Need:
     """Building a version (while the one before still generates, and is
-    counted as in use): the model in ``dtype``, the published f32 file and
-    its tensors being converted and, for llama.cpp, the context's KV cache
-    (allocated when the model loads)."""
-    weights = int(shape.parameters * (WEIGHT_BYTES[dtype] + 2 * PUBLISHED_BYTES))
+    counted as in use): the model in ``dtype``, the published file (in the
+    model's own dtype, ``shape.wire_bytes`` a weight), its tensors being
+    converted (torch: loaded as published; llama.cpp: widened to f32 for the
+    GGUF export) and, for llama.cpp, the context's KV cache (allocated when
+    the model loads)."""
+    converted = F32_BYTES if backend == "llama" else shape.wire_bytes
+    weights = int(shape.parameters * (WEIGHT_BYTES[dtype] + shape.wire_bytes + converted))
     cache = kv_bytes_per_token(shape) * LLAMA_CELLS if backend == "llama" else 0
     return Need(weights=weights, cache=cache)
 

@@ -21,16 +21,14 @@ from typing import Any
 
 import trio
 from libp2p.peer.id import ID
-from safetensors import SafetensorError
 
 from echo_node import receipts, status
 from echo_node.backend import Backend, generate_in_calls
 from echo_node.config import NodeConfig
-from echo_node.guard import ModelLimits, ModelShape, Refused, check_assignment, check_version, model_shape
+from echo_node.guard import Refused, check_assignment
 from echo_node.learner_lookup import find_learner, relocate_learner
-from echo_node.memory import GiB, fit_backend, free_bytes, gib, load_need, prompts_per_call
-from echo_node.weights import download_newer
-from protocol import codec, updates
+from echo_node.memory import GiB, free_bytes, prompts_per_call
+from echo_node.weights import Weights
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine, VersionTooLarge
 from protocol.broadcast.store import VersionStore
 from protocol.errors import ProtocolError
@@ -49,7 +47,6 @@ from protocol.swarm import (
     connect_bootstrap,
     open_swarm,
 )
-from protocol.updates import UpdateRefused
 from protocol.wire import rollout, work
 from protocol.wire.rollout import Completion, Receipt, RolloutBatch, RolloutGroup
 from protocol.wire.work import NoWork, WorkAssignment, WorkRequest
@@ -78,19 +75,18 @@ class Node:
         self.learner: ID | None = None
         self.record: Manifest | None = None  # the learner's DHT record, as found
         self.job_id = ""
-        self.version = -1
         self.rollouts_sent = 0
         self.receipts_accepted = 0
-        self._wanted = -1  # newest version the learner has named
-        self._wanted_changed = trio.Event()
-        self._update_lock = trio.Lock()
-        self._backend_lock = trio.Lock()
         self._outbox: trio.MemorySendChannel[RolloutBatch] | None = None
         self._generate_s = 0.0  # how long the last assignment took to generate
         self.tokens_per_s = 0.0  # generation throughput, a running mean (shown to the learner)
-        self.model_limits: ModelLimits | None = None  # of the loaded version: what assignments may ask
-        self.model_shape: ModelShape | None = None  # of the loaded version: what memory it needs
         self._max_memory = int(config.max_memory * GiB)
+        self.weights = Weights(backend, config, self._free) if backend is not None else None
+
+    @property
+    def version(self) -> int:
+        """The policy version this node generates with (-1: none yet)."""
+        return self.weights.version if self.weights is not None else -1
 
     @asynccontextmanager
     async def joined(self) -> AsyncIterator[Swarm]:
@@ -143,9 +139,9 @@ class Node:
         """Work until cancelled. Reports the learner's peer id when joined."""
         cfg = self.config
         async with self.joined() as swarm, trio.open_nursery() as nursery:
-            assert self.learner is not None
+            assert self.learner is not None and self.record is not None and self.weights is not None
             learner_id = self.learner.to_base58()
-            self._fit_job()
+            self.weights.fit_job(self.record.model_config)
             store = VersionStore(cfg.weights_dir(self.job_id), learner_id=learner_id, keep=cfg.keep_versions)
             self.engine = BroadcastEngine(
                 swarm,
@@ -160,7 +156,8 @@ class Node:
                 ),
             )
             await nursery.start(self.engine.run)
-            nursery.start_soon(self._follow_versions)
+            self.weights.engine, self.weights.learner_id = self.engine, learner_id
+            nursery.start_soon(self.weights.follow)
             assert swarm.relay is not None
             await nursery.start(swarm.relay.run)
             nursery.start_soon(self._watch_reachability)
@@ -264,11 +261,12 @@ class Node:
 
         None when it has no work now (after waiting as long as it asked)."""
         assert self.swarm is not None and self.learner is not None and self.backend is not None
+        assert self.weights is not None
         host, cfg = self.swarm.host, self.config
         if self.version < 0:
             # Weights before work: an assignment taken first would wait out
             # the whole download (minutes for a big model) and could expire.
-            await self.update_weights(0)
+            await self.weights.update(0)
         await self._delay()
         ask = WorkRequest(
             self.job_id,
@@ -291,9 +289,7 @@ class Node:
             if reply.retry_after_ms:
                 await trio.sleep(reply.retry_after_ms / 1000)
             return None
-        if reply.version > self._wanted:
-            self._wanted = reply.version
-            self._wanted_changed.set()
+        self.weights.named(reply.version)
         prompt_ids = [p.prompt_id for p in reply.prompts]
         event(
             log,
@@ -308,88 +304,28 @@ class Node:
             while self.version < reply.min_version:
                 # What we hold is outside the learner's window: fetch first. Each
                 # pass loads a newer version (maybe one finished before the newest).
-                await self.update_weights(reply.version)
-            assert self.model_limits is not None
-            check_assignment(reply, self.model_limits)
+                await self.weights.update(reply.version)
+            assert self.weights.limits is not None
+            check_assignment(reply, self.weights.limits)
             self._prompts_per_call(reply)  # Refused when not even one group fits in memory
         except (Refused, VersionTooLarge, RequestFailed, ProtocolError) as exc:
             # Nothing tells the learner: they lapse at its deadline (a strike).
             event(log, logging.WARNING, "dropping assigned prompts", prompts=prompt_ids, error=exc)
             raise
-        # Otherwise work with what we hold while _follow_versions fetches the
+        # Otherwise work with what we hold while Weights.follow fetches the
         # newest (async mode: the broadcast overlaps generation).
         return reply
-
-    async def _follow_versions(self) -> None:
-        """Fetch and load each newer version the learner names, in the background."""
-        while True:
-            if self._wanted <= self.version:
-                self._wanted_changed = trio.Event()
-                await self._wanted_changed.wait()
-                continue
-            try:
-                await self.update_weights(self._wanted)
-            except (VersionTooLarge, Refused) as exc:
-                # Asking again soon would not change it: one line, then wait.
-                event(log, logging.WARNING, "refused a version", version=self._wanted, reason=exc)
-                await trio.sleep(self.config.max_retry_s)
-            except (RequestFailed, ProtocolError) as exc:
-                event(log, logging.INFO, "could not fetch a newer version yet", error=exc)
-                await trio.sleep(self.config.retry_s)  # backoff before asking again
-
-    async def update_weights(self, version: int) -> None:
-        """Fetch the learner's newest version (at least ``version``) and load the
-        newest complete one, which may be an older one finished first."""
-        assert self.swarm is not None and self.learner is not None and self.engine is not None
-        assert self.backend is not None
-        async with self._update_lock:
-            if self.version >= version:
-                return
-            manifest = await self.engine.fetch_manifest(self.learner.to_base58())
-            if manifest.version < version:
-                raise RequestFailed(f"learner offers v{manifest.version} but assigned v{version}")
-            newest = await download_newer(self.engine, manifest, self.version)
-            loaded = self.engine.store.manifests[newest]
-            # Preparing (for llama.cpp: writing a GGUF) overlaps generation;
-            # only the swap waits for a running generation to finish.
-            try:
-                prepared = await trio.to_thread.run_sync(self._prepare_version, newest)
-            except UpdateRefused as exc:
-                raise Refused(f"v{newest}: {exc}") from exc
-            async with self._backend_lock:
-                self.backend.use(prepared)
-                self.version = newest
-                self.model_limits = ModelLimits.from_config(loaded.model_config)
-                self.model_shape = model_shape(loaded.model_config)
-            event(log, logging.INFO, "loaded weights", version=newest, format=loaded.format)
 
     def _free(self) -> int:
         assert self.backend is not None
         return free_bytes(self.backend.device, self._max_memory)
 
-    def _fit_job(self) -> None:
-        """Refuse (``Refused``) a job whose model this machine cannot hold,
-        before fetching anything; else fit the backend to it."""
-        assert self.backend is not None and self.record is not None
-        free = self._free()
-        need = fit_backend(self.backend, model_shape(self.record.model_config), free)
-        event(
-            log,
-            logging.INFO,
-            "the job's model fits",
-            backend=self.backend.name,
-            dtype=self.backend.dtype,
-            device=self.backend.device.kind,
-            need=need.describe(),
-            free=gib(free),
-        )
-
     def _prompts_per_call(self, work: WorkAssignment) -> int:
         """How many of ``work``'s prompts to generate at once within free memory."""
-        assert self.backend is not None and self.model_shape is not None
+        assert self.backend is not None and self.weights is not None and self.weights.shape is not None
         longest = max(len(p.tokens) for p in work.prompts)
         return prompts_per_call(
-            self.model_shape,
+            self.weights.shape,
             self.backend.name,
             len(work.prompts),
             work.group_size,
@@ -397,43 +333,6 @@ class Node:
             work.max_new_tokens,
             self._free(),
         )
-
-    def _prepare_version(self, version: int) -> Any:
-        """Get ``version`` ready in the backend, every signed digest checked
-        (``UpdateRefused`` otherwise): a LoRA version as an adapter on its
-        base where the backend takes adapters (llama.cpp), any other rebuilt
-        into full weights (protocol.updates)."""
-        assert self.engine is not None and self.backend is not None
-        store, m = self.engine.store, self.engine.store.manifests[version]
-        prepare_lora = getattr(self.backend, "prepare_lora", None)
-        if m.format != updates.LORA or prepare_lora is None:
-            return self._prepare(m.model_config, store.rebuild(version))
-        base = store.base_of(version)
-        adapter = store.assemble(version)
-        updates.check_lora(m, adapter, base)
-
-        def base_weights() -> bytes:
-            assert base is not None
-            weights = updates.check_signed(base, store.assemble(base.version), None, None)
-            check_version(base.model_config, weights)
-            return weights
-
-        try:
-            return prepare_lora(m.model_config, codec.digest(base), base_weights, adapter)
-        except (ValueError, RuntimeError, SafetensorError) as exc:
-            raise Refused(f"could not load the weights: {exc}") from exc
-
-    def _prepare(self, config_json: str, weights: bytes) -> Any:
-        """Check a version, then build it in the backend; ``Refused`` if either fails."""
-        assert self.backend is not None
-        shape = check_version(config_json, weights)
-        need, free = load_need(shape, self.backend.name, self.backend.dtype), self._free()
-        if need.total > free:
-            raise Refused(f"this version needs about {need.describe()}; {gib(free)} is free")
-        try:
-            return self.backend.prepare(config_json, weights)
-        except (ValueError, RuntimeError, SafetensorError) as exc:  # passed the checks, still does not load
-            raise Refused(f"could not load the weights: {exc}") from exc
 
     async def roll_out(self, work: WorkAssignment) -> None:
         """Generate and sign one assignment; the submitter delivers it."""
@@ -464,8 +363,8 @@ class Node:
 
     async def make_batch(self, work: WorkAssignment) -> RolloutBatch:
         """Generate the assignment's groups with the weights we hold; sign them."""
-        assert self.backend is not None
-        async with self._backend_lock:
+        assert self.backend is not None and self.weights is not None
+        async with self.weights.in_use:
             version = self.version  # the batch declares the version that really generated it
             t0 = time.monotonic()
             try:

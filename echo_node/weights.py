@@ -1,11 +1,36 @@
-"""Getting a policy version onto this node through the swarm (protocol.broadcast),
-shown as a progress bar."""
+"""The policy version a node runs, and how the next one gets here.
+
+The node's counterpart of the learner's ``publishing.py``: follow the versions
+the learner names, fetch each through the swarm (``protocol.broadcast``, with
+a progress bar), check it (every signed digest, the config against the
+weights, the memory it needs), prepare it in the backend beside the version
+that is generating (for llama.cpp: write and load a GGUF, or only an adapter
+on the base it holds) and swap it in between two generations.
+"""
 
 from __future__ import annotations
 
-from protocol.broadcast.engine import BroadcastEngine
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+from safetensors import SafetensorError
+
+from echo_node.backend import Backend
+from echo_node.config import NodeConfig
+from echo_node.guard import ModelLimits, ModelShape, Refused, check_version, model_shape
+from echo_node.memory import fit_backend, gib, load_need
+from protocol import updates
+from protocol.broadcast.engine import BroadcastEngine, VersionTooLarge
+from protocol.errors import ProtocolError
+from protocol.logs import event
 from protocol.messages import Manifest
 from protocol.progress import progress
+from protocol.rpc import RequestFailed
+from protocol.updates import UpdateRefused
+
+log = logging.getLogger(__name__)
 
 
 async def download_newer(engine: BroadcastEngine, manifest: Manifest, held: int) -> int:
@@ -23,3 +48,123 @@ async def download_newer(engine: BroadcastEngine, manifest: Manifest, held: int)
             bar(min(held_chunks * manifest.chunk_size, total), peers=peers)
 
         return await engine.wait_newer(held, update)
+
+
+class Weights:
+    def __init__(self, backend: Backend, config: NodeConfig, free: Callable[[], int]):
+        """``free()``: the memory the backend may still use, in bytes."""
+        self.backend = backend
+        self.config = config
+        self.free = free
+        self.engine: BroadcastEngine | None = None  # once the node has joined the job
+        self.learner_id = ""  # whose manifests to follow
+        self.version = -1
+        self.limits: ModelLimits | None = None  # of the loaded version: what assignments may ask
+        self.shape: ModelShape | None = None  # of the loaded version: what memory it needs
+        # Held while generating: a swap waits for the running generation only.
+        self.in_use = trio.Lock()
+        self._update_lock = trio.Lock()
+        self._wanted = -1  # newest version the learner has named
+        self._wanted_changed = trio.Event()
+
+    def fit_job(self, model_config: str) -> None:
+        """Refuse (``Refused``) a job whose model this machine cannot hold,
+        before fetching anything; else fit the backend to it."""
+        free = self.free()
+        need = fit_backend(self.backend, model_shape(model_config), free)
+        event(
+            log,
+            logging.INFO,
+            "the job's model fits",
+            backend=self.backend.name,
+            dtype=self.backend.dtype,
+            device=self.backend.device.kind,
+            need=need.describe(),
+            free=gib(free),
+        )
+
+    def named(self, version: int) -> None:
+        """The learner named ``version`` (``follow`` fetches it when newer)."""
+        if version > self._wanted:
+            self._wanted = version
+            self._wanted_changed.set()
+
+    async def follow(self) -> None:
+        """Fetch and load each newer version the learner names, in the background."""
+        while True:
+            if self._wanted <= self.version:
+                self._wanted_changed = trio.Event()
+                await self._wanted_changed.wait()
+                continue
+            try:
+                await self.update(self._wanted)
+            except (VersionTooLarge, Refused) as exc:
+                # Asking again soon would not change it: one line, then wait.
+                event(log, logging.WARNING, "refused a version", version=self._wanted, reason=exc)
+                await trio.sleep(self.config.max_retry_s)
+            except (RequestFailed, ProtocolError) as exc:
+                event(log, logging.INFO, "could not fetch a newer version yet", error=exc)
+                await trio.sleep(self.config.retry_s)  # backoff before asking again
+
+    async def update(self, version: int) -> None:
+        """Fetch the learner's newest version (at least ``version``) and load the
+        newest complete one, which may be an older one finished first."""
+        assert self.engine is not None, "the node has not joined a job"
+        async with self._update_lock:
+            if self.version >= version:
+                return
+            manifest = await self.engine.fetch_manifest(self.learner_id)
+            if manifest.version < version:
+                raise RequestFailed(f"learner offers v{manifest.version} but assigned v{version}")
+            newest = await download_newer(self.engine, manifest, self.version)
+            loaded = self.engine.store.manifests[newest]
+            # Preparing (for llama.cpp: writing a GGUF) overlaps generation;
+            # only the swap waits for a running generation to finish.
+            try:
+                prepared = await trio.to_thread.run_sync(self._prepare_version, newest)
+            except UpdateRefused as exc:
+                raise Refused(f"v{newest}: {exc}") from exc
+            async with self.in_use:
+                self.backend.use(prepared)
+                self.version = newest
+                self.limits = ModelLimits.from_config(loaded.model_config)
+                self.shape = model_shape(loaded.model_config)
+            event(log, logging.INFO, "loaded weights", version=newest, format=loaded.format)
+
+    def _prepare_version(self, version: int) -> Any:
+        """Get ``version`` ready in the backend, every signed digest checked
+        (``UpdateRefused`` otherwise): a LoRA version as an adapter on its
+        base where the backend takes adapters (llama.cpp), any other rebuilt
+        into full weights (protocol.updates)."""
+        assert self.engine is not None
+        store, m = self.engine.store, self.engine.store.manifests[version]
+        prepare_lora = getattr(self.backend, "prepare_lora", None)
+        if m.format != updates.LORA or prepare_lora is None:
+            return self._prepare(m.model_config, store.rebuild(version), m.weights_digest)
+        base = store.base_of(version)
+        adapter = store.assemble(version)
+        updates.check_lora(m, adapter, base)
+
+        def base_weights() -> bytes:
+            assert base is not None
+            weights = updates.check_signed(base, store.assemble(base.version), None, None)
+            check_version(base.model_config, weights)
+            return weights
+
+        try:
+            assert base is not None  # check_lora refuses an adapter without its base
+            return prepare_lora(m.model_config, base.weights_digest, base_weights, adapter)
+        except (ValueError, RuntimeError, SafetensorError) as exc:
+            raise Refused(f"could not load the weights: {exc}") from exc
+
+    def _prepare(self, config_json: str, weights: bytes, digest: bytes = b"") -> Any:
+        """Check a version (``digest``: its weights' SHA-256, as signed), then
+        build it in the backend; ``Refused`` if either fails."""
+        shape = check_version(config_json, weights)
+        need, free = load_need(shape, self.backend.name, self.backend.dtype), self.free()
+        if need.total > free:
+            raise Refused(f"this version needs about {need.describe()}; {gib(free)} is free")
+        try:
+            return self.backend.prepare(config_json, weights, digest)
+        except (ValueError, RuntimeError, SafetensorError) as exc:  # passed the checks, still does not load
+            raise Refused(f"could not load the weights: {exc}") from exc

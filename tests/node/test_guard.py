@@ -132,7 +132,7 @@ def test_any_corrupted_header_is_refused_or_still_describes_the_weights(data):
 
 
 def test_a_node_refuses_to_build_a_forged_version_and_keeps_working(tmp_path):
-    """Node._prepare, with the real torch backend: checks first, and a load
+    """Weights._prepare, with the real torch backend: checks first, and a load
     failure becomes one refusal, not a crash."""
     from echo_node.backend_torch import TorchBackend
     from echo_node.config import NodeConfig
@@ -140,9 +140,9 @@ def test_a_node_refuses_to_build_a_forged_version_and_keeps_working(tmp_path):
     from tests.protocol.samples import NODE
 
     node = Node(NodeConfig(data_dir=tmp_path), NODE, TorchBackend(threads=1))
-    assert node._prepare(CONFIG, WEIGHTS) is not None
+    assert node.weights._prepare(CONFIG, WEIGHTS) is not None
     with pytest.raises(Refused, match="describes .* parameters"):
-        node._prepare(_with_config(num_hidden_layers=1000), WEIGHTS)
+        node.weights._prepare(_with_config(num_hidden_layers=1000), WEIGHTS)
     renamed = WEIGHTS.replace(b"model.norm.weight", b"model.norm.wEight", 1)  # same sizes, unknown name
     with pytest.raises(Refused, match="could not load the weights"):
-        node._prepare(CONFIG, renamed)
+        node.weights._prepare(CONFIG, renamed)

@@ -6,6 +6,7 @@ llama.cpp. Skipped (with the reason) only where the ``llama`` extra is absent.
 
 import copy
 import functools
+import hashlib
 import json
 import math
 import random
@@ -223,5 +224,41 @@ def test_lora_versions_run_as_adapters_on_one_base(dtype, tmp_path):
     # The adapter moved the policy away from the base, and the base loaded once.
     assert worst_difference(base, backend, random.Random(5), batches=1)[0] > 10 * PARITY["f32"]
     assert len(loads) == 1
+    backend.close()
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_lora_version_on_the_base_version_in_use_does_not_load_the_base_again(tmp_path):
+    """The base version is a full version a node loads first; the adapters
+    made against it then go onto that very model (a second copy of a 0.6B
+    q8_0 base and its context was what pushed such a node out of memory)."""
+    from echo_learner.lora import LoraSettings, adapter_bytes, state_bytes, wrap
+    from echo_node.backend_llama import LlamaBackend
+
+    base = trained()
+    frozen = state_bytes(base)
+    digest = hashlib.sha256(frozen).digest()
+    backend = LlamaBackend("f32", threads=1, work_dir=tmp_path)
+    backend.use(backend.prepare(config_json(base), frozen, digest))
+    base_model = backend.loaded.model
+    settings = LoraSettings(rank=4, alpha=8.0, dropout=0.0, targets=("q_proj", "v_proj"))
+    policy = wrap(copy.deepcopy(base), settings)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_" in name:
+                p.normal_(0, 0.1)
+    loads = []
+
+    def base_weights():
+        loads.append(1)
+        return frozen
+
+    backend.use(backend.prepare_lora(config_json(base), digest, base_weights, adapter_bytes(policy, settings)))
+    assert loads == [] and backend.loaded.model is base_model
+    worst, _, _ = worst_difference(policy.eval(), backend, random.Random(1), batches=1)
+    assert worst <= PARITY["f32"]
+    # Another base (another digest) is loaded as its own model.
+    backend.use(backend.prepare_lora(config_json(base), b"other", base_weights, adapter_bytes(policy, settings)))
+    assert loads == [1] and backend.loaded.model is not base_model
     backend.close()
     assert not list(tmp_path.iterdir())
