@@ -15,7 +15,17 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.skipif(not llama_installed(), reason="llama.cpp not installed: pip install -e '.[llama]' (make test does)")
 def test_a_short_run_checks_each_family_and_backend_with_no_false_reject():
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "models.py"), "--only", "families", "--rollouts", "32", "--families", "qwen2,gemma2", "--json"],
+        [
+            sys.executable,
+            str(ROOT / "bench" / "models.py"),
+            "--only",
+            "families",
+            "--rollouts",
+            "32",
+            "--families",
+            "qwen2,gemma2",
+            "--json",
+        ],
         capture_output=True,
         text=True,
         timeout=300,
