@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import torch
 from safetensors.torch import load
@@ -10,6 +11,7 @@ from transformers import CONFIG_MAPPING, AutoModelForCausalLM, PreTrainedModel
 
 from echo_node.backend import Sample
 from echo_node.device import Device, cpu
+from protocol import updates
 from protocol.families import family_of
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -45,11 +47,30 @@ class TorchBackend:
         # Double buffering: a new version loads into the spare model while
         # generation goes on with the current one; ``use`` swaps them.
         self._spare: PreTrainedModel | None = None
+        # A LoRA job's base: its tensors as published, and whose they are.
+        self._base_state: dict[str, torch.Tensor] = {}
+        self._base_key = b""
 
     def prepare(self, config_json: str, weights: bytes, digest: bytes = b"") -> PreTrainedModel:
         """A model holding safetensors ``weights`` (in whatever dtype they
         travelled), built from ``config_json`` in this node's dtype (safe to
         call while ``generate`` runs). ``digest`` is not needed here."""
+        return self._build(config_json, load(weights))
+
+    def prepare_lora(
+        self, config_json: str, base_key: bytes, base_weights: Callable[[], bytes], adapter: bytes
+    ) -> PreTrainedModel:
+        """A LoRA version: the base's tensors (loaded once per base, kept as
+        they travelled) with the adapter merged in, straight into a model.
+        Rebuilding the merged weights as a file and loading that held three
+        more copies of the weights (a Qwen3-0.6B-shaped f32 node was
+        OOM-killed at 11 GB)."""
+        if self._base_key != base_key:
+            self._base_state, self._base_key = {}, b""  # the old base's memory first
+            self._base_state, self._base_key = load(base_weights()), base_key
+        return self._build(config_json, updates.merged_lora(self._base_state, adapter))
+
+    def _build(self, config_json: str, state: dict[str, torch.Tensor]) -> PreTrainedModel:
         settings = json.loads(config_json)
         config = CONFIG_MAPPING[family_of(settings).model_type].from_dict(settings)
         config.dtype = self._torch_dtype  # as the built model's config says
@@ -57,7 +78,6 @@ class TorchBackend:
         if model is None or model.config.to_dict() != config.to_dict():
             model = AutoModelForCausalLM.from_config(config, dtype=self._torch_dtype)
             model = model.to(self._torch_device).eval()
-        state = load(weights)
         missing, unexpected = model.load_state_dict(state, strict=False)
         tied = getattr(model.config, "tie_word_embeddings", False)
         if unexpected or set(missing) - ({"lm_head.weight"} if tied else set()):
@@ -75,6 +95,7 @@ class TorchBackend:
 
     def close(self) -> None:
         self.model = self._spare = None
+        self._base_state, self._base_key = {}, b""
 
     @torch.no_grad()
     def generate(

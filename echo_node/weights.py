@@ -133,9 +133,9 @@ class Weights:
 
     def _prepare_version(self, version: int) -> Any:
         """Get ``version`` ready in the backend, every signed digest checked
-        (``UpdateRefused`` otherwise): a LoRA version as an adapter on its
-        base where the backend takes adapters (llama.cpp), any other rebuilt
-        into full weights (protocol.updates)."""
+        (``UpdateRefused`` otherwise): a LoRA version from its adapter and
+        the base the backend holds (llama.cpp: as an adapter; torch: merged
+        into a model), any other rebuilt into full weights (protocol.updates)."""
         assert self.engine is not None
         store, m = self.engine.store, self.engine.store.manifests[version]
         prepare_lora = getattr(self.backend, "prepare_lora", None)

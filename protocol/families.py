@@ -32,8 +32,10 @@ class Family:
     # llama.cpp hard-codes the sliding-window layout: every n-th layer
     # (counting from 1) attends fully, the others within ``sliding_window``.
     full_attention_every: int = 0
-    # Gemma 2 caps attention and final logits with tanh; both sides must agree.
-    softcapping: bool = False
+    # Config keys of the tanh caps on logits llama.cpp applies to this family
+    # whatever the file says (Gemma 2: attention and final); a config must set
+    # them. Other families must not set any.
+    softcapping: tuple[str, ...] = ()
 
 
 FAMILIES: dict[str, Family] = {
@@ -44,7 +46,15 @@ FAMILIES: dict[str, Family] = {
         Family("mistral", "llama", permute_qk=True),
         Family("qwen2", "qwen2"),
         Family("qwen3", "qwen3"),
-        Family("gemma2", "gemma2", norm_shift=1.0, full_attention_every=2, softcapping=True),
+        Family(
+            "gemma2",
+            "gemma2",
+            norm_shift=1.0,
+            full_attention_every=2,
+            softcapping=("attn_logit_softcapping", "final_logit_softcapping"),
+        ),
+        # Gemma3ForCausalLM, the text models (1B, and the 4B-27B language models).
+        Family("gemma3_text", "gemma3", norm_shift=1.0, full_attention_every=6),
     )
 }
 
@@ -72,10 +82,14 @@ def _check_attention(family: Family, config: dict) -> None:
             raise UnsupportedModel(f"{family.model_type}: layer_types {layer_types} differ from llama.cpp's layout")
     elif layer_types and any(t != "full_attention" for t in layer_types):
         raise UnsupportedModel(f"{family.model_type}: sliding-window layers are not supported for this family")
-    if family.model_type == "gemma2":
-        head_dim = config.get("head_dim")
-        if config.get("query_pre_attn_scalar", head_dim) != head_dim:
-            raise UnsupportedModel("gemma2: llama.cpp scales queries by head_dim, not query_pre_attn_scalar")
+    head_dim = config.get("head_dim")
+    if config.get("query_pre_attn_scalar", head_dim) != head_dim:
+        raise UnsupportedModel(f"{family.model_type}: llama.cpp scales queries by head_dim, not query_pre_attn_scalar")
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if key in family.softcapping and config.get(key) is None:
+            raise UnsupportedModel(f"{family.model_type}: {key} must be set (llama.cpp applies it)")
+        if key not in family.softcapping and config.get(key) is not None:
+            raise UnsupportedModel(f"{family.model_type}: {key} is not supported for this family")
 
 
 def context_length(config: dict, default: int) -> int:

@@ -120,10 +120,12 @@ def atomic_writer(path: Path, family: Family) -> Iterator[gguf.GGUFWriter]:
             writer.close()
 
 
-def _rope(config: dict) -> dict:
-    # transformers 5 keeps RoPE settings in rope_parameters; older configs
+def _rope(config: dict, layers: str = "full_attention") -> dict:
+    # transformers 5 keeps RoPE settings in rope_parameters (per layer type
+    # for models with sliding-window layers, e.g. Gemma 3); older configs
     # have rope_theta (and rope_scaling) at the top level.
-    return config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    return rope.get(layers, rope) if isinstance(rope.get(layers), dict) else rope
 
 
 def _rope_tensors(config: dict) -> dict[str, np.ndarray]:
@@ -177,15 +179,15 @@ def _add_hyperparameters(writer: gguf.GGUFWriter, config: dict, family: Family, 
     writer.add_vocab_size(config["vocab_size"])
     if family.full_attention_every:
         writer.add_sliding_window(int(config["sliding_window"]))
-    if family.softcapping:
-        for key, add in (
-            ("attn_logit_softcapping", writer.add_attn_logit_softcapping),
-            ("final_logit_softcapping", writer.add_final_logit_softcapping),
-        ):
-            if config.get(key) is None:
-                # llama.cpp caps this family's logits whatever the file says.
-                raise UnsupportedModel(f"{family.model_type}: {key} must be set")
-            add(float(config[key]))
+        sliding = _rope(config, "sliding_attention")
+        if sliding is not rope:  # its own RoPE base for the sliding-window layers
+            writer.add_rope_freq_base_swa(float(sliding.get("rope_theta", 10000.0)))
+    for key in family.softcapping:  # family_of checked that each is set
+        add = {
+            "attn_logit_softcapping": writer.add_attn_logit_softcapping,
+            "final_logit_softcapping": writer.add_final_logit_softcapping,
+        }[key]
+        add(float(config[key]))
     writer.add_file_type(
         {
             "f32": gguf.LlamaFileType.ALL_F32,

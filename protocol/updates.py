@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 import numpy as np
 import zstandard
@@ -113,12 +114,26 @@ def merge_lora(base: bytes, adapter: bytes) -> bytes:
     from safetensors import SafetensorError
     from safetensors.torch import load, save  # torch: only where weights are merged
 
-    rank, alpha = lora_settings(adapter)
     try:
         weights = load(base)
+    except SafetensorError as exc:
+        raise UpdateRefused(f"not a safetensors file: {exc}") from exc
+    return save(merged_lora(weights, adapter))
+
+
+def merged_lora(weights: dict[str, Any], adapter: bytes) -> dict[str, Any]:
+    """``weights`` (torch tensors by name) with the adapter file merged in:
+    a new dict whose adapted matrices are new float32 tensors, W + (alpha/r) B A,
+    and whose other tensors are ``weights``' own (not copied)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    rank, alpha = lora_settings(adapter)
+    try:
         lora = load(adapter)
     except SafetensorError as exc:
         raise UpdateRefused(f"not a safetensors file: {exc}") from exc
+    merged = dict(weights)
     scale = alpha / rank
     for name_a in sorted(k for k in lora if k.endswith(".lora_A.weight")):
         prefix = name_a[: -len(".lora_A.weight")]
@@ -129,8 +144,8 @@ def merge_lora(base: bytes, adapter: bytes) -> bytes:
             raise UpdateRefused(f"adapter tensor {prefix} does not fit the base model")
         # In float32 whatever the base's dtype: rounding the merged matrix to
         # a bf16 base's dtype would move the node off the learner's policy.
-        weights[target] = (w.float() + scale * (b.float() @ a.float())).contiguous()
-    return save(weights)
+        merged[target] = (w.float() + scale * (b.float() @ a.float())).contiguous()
+    return merged
 
 
 def lora_settings(adapter: bytes) -> tuple[int, float]:

@@ -44,7 +44,11 @@ FAMILY_CONFIGS = {
     "qwen2": dict(tie_word_embeddings=True, vocab_size=VOCAB_SIZE + 1),
     "qwen3": dict(tie_word_embeddings=True, head_dim=32),  # q/k norms; head_dim * heads != hidden
     "mistral": dict(tie_word_embeddings=False, sliding_window=None),
-    "gemma2": dict(head_dim=16, query_pre_attn_scalar=16),  # softcapping, sandwich norms, x * (1 + w)
+    # Softcapping, sandwich norms, x * (1 + w); a sliding window shorter than
+    # the tests' sequences, so that llama.cpp's must match.
+    "gemma2": dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=8),
+    # q/k norms, a RoPE base per layer type; 6 layers: llama.cpp's 5 sliding + 1 full.
+    "gemma3_text": dict(head_dim=16, query_pre_attn_scalar=16, num_hidden_layers=6, sliding_window=8),
 }
 FAMILIES = tuple(FAMILY_CONFIGS)
 # A random init's next-token distributions are nearly uniform, which would
@@ -53,7 +57,7 @@ FAMILIES = tuple(FAMILY_CONFIGS)
 # real model's on its own samples. (Scaling every matrix instead makes
 # activations huge and half-precision errors far larger than a real model's.)
 MATRIX_SCALE = 4.0
-FINAL_NORM = {"gemma2": 3.0}  # Gemma also scales its embeddings by sqrt(hidden)
+FINAL_NORM = {"gemma2": 3.0, "gemma3_text": 4.0}  # Gemma also scales its embeddings by sqrt(hidden)
 
 
 def tiny_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float32):
@@ -66,7 +70,7 @@ def tiny_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float32):
             for name, p in model.named_parameters():
                 if name == "model.norm.weight":
                     # Gemma's RMSNorm multiplies by 1 + w.
-                    p.fill_(FINAL_NORM.get(family, 5.0) - (family == "gemma2"))
+                    p.fill_(FINAL_NORM.get(family, 5.0) - family.startswith("gemma"))
                 elif "norm" in name:
                     p.add_(0.1 * torch.randn_like(p))
                 elif p.ndim == 1:  # biases
