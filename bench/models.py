@@ -20,8 +20,10 @@ rollouts accepted over at least ``--versions`` adapter versions. Prints
 ``base_bytes_per_param``, ``adapter_over_base``, ``rollouts_checked`` and
 ``false_rejects`` per node, ``join_to_first_accepted_s``,
 ``node_tokens_per_s``, ``memory_estimate_error`` (|what the node's memory
-model says its peak is - its peak RSS| / peak RSS), ``node_peak_rss_gib``, ``learner_peak_rss_gib`` and
-``learner_step_s``.
+model says its peak is - its peak RSS| / peak RSS), ``node_peak_rss_gib``, ``learner_peak_rss_gib``,
+``learner_step_s`` (between published steps) and ``learner_train_step_s``
+(one LoRA step on the same batch shape with rewards that differ: random
+weights score 0 everywhere, so the swarm's own steps skip training).
 
     python bench/models.py --json              # both parts: ~1 minute + ~30 minutes
     python bench/models.py --only families --json
@@ -154,6 +156,42 @@ def verdicts(ledger: Path) -> list[tuple]:
         db.close()
 
 
+def train_step_s(model_dir: Path, max_new_tokens: int, steps: int = 3) -> float:
+    """The learner's LoRA r16 training step on the swarm's batch shape (4
+    prompts x 4 completions), with rewards that differ (the swarm's random
+    model scores 0 everywhere, so the swarm's steps never train): median
+    seconds, in this process with one thread as the swarm's learner."""
+    import torch
+
+    from echo_learner.lora import LoraSettings, wrap
+    from echo_learner.model import load_model
+    from echo_learner.trainer import Objective, ScoredGroup, Trainer
+
+    torch.set_num_threads(1)
+    model, _ = load_model(str(model_dir))
+    model = wrap(
+        model,
+        LoraSettings(16, 32.0, 0.0, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")),
+    )
+    trainer = Trainer(model, lr=2e-4, objective=Objective(0.2, 3.0, 0.0), pad_id=PAD)
+    rng = random.Random(0)
+    groups = [
+        ScoredGroup(
+            prompt_tokens=(257, *(rng.randrange(97, 101) for _ in range(3)), 61),
+            completions=tuple(tuple(rng.randrange(97, 101) for _ in range(max_new_tokens)) for _ in range(4)),
+            behaviour_logprobs=tuple(tuple(-1.0 for _ in range(max_new_tokens)) for _ in range(4)),
+            rewards=(0.0, 1.0, 0.5, 0.0),
+        )
+        for _ in range(4)
+    ]
+    times = []
+    for _ in range(steps):
+        started = time.monotonic()
+        assert trainer.step(groups).tokens > 0
+        times.append(time.monotonic() - started)
+    return statistics.median(times)
+
+
 def run_qwen3(args: argparse.Namespace, root: Path) -> dict:
     model_dir = root / "qwen3-0.6b"
     params = save_qwen3_0_6b(model_dir)
@@ -222,6 +260,7 @@ def run_qwen3(args: argparse.Namespace, root: Path) -> dict:
             "memory_estimate_error": round(abs(estimate - rss[f"node{i}"]) / rss[f"node{i}"], 3),
         }
     step_times = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(steps, steps[1:])]
+    train_s = train_step_s(model_dir, args.max_new_tokens)
     return {
         "params": params,
         "base_bytes_per_param": round(base.total_size / params, 3),
@@ -230,6 +269,7 @@ def run_qwen3(args: argparse.Namespace, root: Path) -> dict:
         "nodes": per_node,
         "learner_peak_rss_gib": round(rss["learner"], 2),
         "learner_step_s": round(statistics.median(step_times), 2) if step_times else None,
+        "learner_train_step_s": round(train_s, 2),
         "exit_codes": codes,
     }
 
