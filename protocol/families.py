@@ -36,6 +36,9 @@ class Family:
     # whatever the file says (Gemma 2: attention and final); a config must set
     # them. Other families must not set any.
     softcapping: tuple[str, ...] = ()
+    # llama.cpp ignores this family's ``sliding_window``: sequences must stay
+    # within it, where full attention computes the same.
+    window_caps_context: bool = False
 
 
 FAMILIES: dict[str, Family] = {
@@ -43,7 +46,7 @@ FAMILIES: dict[str, Family] = {
     for f in (
         Family("llama", "llama", permute_qk=True),
         # llama.cpp runs Mistral as a llama (conversion/__init__.py).
-        Family("mistral", "llama", permute_qk=True),
+        Family("mistral", "llama", permute_qk=True, window_caps_context=True),
         Family("qwen2", "qwen2"),
         Family("qwen3", "qwen3"),
         Family(
@@ -53,7 +56,8 @@ FAMILIES: dict[str, Family] = {
             full_attention_every=2,
             softcapping=("attn_logit_softcapping", "final_logit_softcapping"),
         ),
-        # Gemma3ForCausalLM, the text models (1B, and the 4B-27B language models).
+        # Gemma3ForCausalLM: the text models (1B; 4B and 12B's language models;
+        # 27B scales its queries otherwise and is refused).
         Family("gemma3_text", "gemma3", norm_shift=1.0, full_attention_every=6),
     )
 }
@@ -66,12 +70,13 @@ def family_of(config: dict) -> Family:
     family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if family is None:
         raise UnsupportedModel(f"model architecture {model_type!r} is not supported; supported: {', '.join(FAMILIES)}")
-    _check_attention(family, config)
+    _check_config(family, config)
     return family
 
 
-def _check_attention(family: Family, config: dict) -> None:
-    """Refuse a config whose attention llama.cpp would compute differently."""
+def _check_config(family: Family, config: dict) -> None:
+    """Refuse a config that llama.cpp would compute differently: the layout
+    of sliding-window layers, the query scale, the logit caps."""
     layer_types = config.get("layer_types")
     if family.full_attention_every and layer_types:
         expected = [
@@ -93,12 +98,12 @@ def _check_attention(family: Family, config: dict) -> None:
 
 
 def context_length(config: dict, default: int) -> int:
-    """The longest prompt plus answer a model attends over fully. A Mistral
-    with a sliding window shorter than its context becomes a plain llama in
-    llama.cpp, so its sequences stay within the window."""
+    """The longest prompt plus answer a node runs: the model's context, or
+    its sliding window where llama.cpp ignores that (``window_caps_context``)."""
     context = int(config.get("max_position_embeddings") or default)
+    family = FAMILIES.get(config.get("model_type"))  # type: ignore[arg-type]
     window = config.get("sliding_window")
-    if config.get("model_type") == "mistral" and isinstance(window, int) and window > 0:
+    if family is not None and family.window_caps_context and isinstance(window, int) and window > 0:
         context = min(context, window)
     return context
 

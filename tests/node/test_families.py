@@ -212,3 +212,17 @@ def on_the_bf16_grid(model):
             p.copy_(p.to(torch.bfloat16))
     model.config.dtype = torch.bfloat16
     return model
+
+
+def test_a_mistral_node_answers_within_its_sliding_window():
+    """llama.cpp runs Mistral as a llama, without its sliding window: a node
+    takes no prompt plus answer longer than the window."""
+    from echo_node.guard import ModelLimits
+
+    config = json.loads(config_json(tiny_model("mistral")))
+    assert ModelLimits.from_config(json.dumps(config)).context == config["max_position_embeddings"]
+    windowed = ModelLimits.from_config(json.dumps({**config, "sliding_window": 32}))
+    assert windowed.context == 32
+    # A family whose window llama.cpp implements keeps its whole context.
+    gemma = json.loads(config_json(tiny_model("gemma2")))
+    assert ModelLimits.from_config(json.dumps(gemma)).context == gemma["max_position_embeddings"]
