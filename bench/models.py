@@ -208,7 +208,8 @@ def run_qwen3(args: argparse.Namespace, root: Path) -> dict:
             swarm.start_node(i, "--backend", backend, "--dtype", dtype, "--threads", "1")
         ledger = swarm.root / "learner" / "ledger.sqlite"
         deadline = time.monotonic() + args.timeout_min * 60
-        while time.monotonic() < deadline:
+        reached = False
+        while not reached and time.monotonic() < deadline:
             for name, proc in swarm.procs.items():
                 if proc.poll() is not None:
                     raise RuntimeError(f"{name} exited {proc.returncode}; see {swarm.root / name}.log")
@@ -217,11 +218,13 @@ def run_qwen3(args: argparse.Namespace, root: Path) -> dict:
             for peer, _version, rollouts, verdict, _reason, _ms in rows:
                 if verdict == "accepted":
                     accepted[peer] = accepted.get(peer, 0) + rollouts
-            versions = len(swarm.metrics())
-            if len(accepted) == len(NODES) and min(accepted.values()) >= args.rollouts_per_node:
-                if versions >= args.versions:
-                    break
-            time.sleep(5)  # polling another process's SQLite file
+            reached = (
+                len(accepted) == len(NODES)
+                and min(accepted.values()) >= args.rollouts_per_node
+                and len(swarm.metrics()) >= args.versions
+            )
+            if not reached:
+                time.sleep(5)  # polling another process's SQLite file
         peers = {
             p["peer"]: p
             for p in json.loads(
@@ -247,8 +250,7 @@ def run_qwen3(args: argparse.Namespace, root: Path) -> dict:
         peer = next((p for p in peers.values() if p["backend"] == backend), None)
         mine = [r for r in rows if peer is not None and r[0] == peer["peer"]]
         first = min((r[5] for r in mine if r[3] == "accepted"), default=None)
-        config = base.model_config
-        estimate = node_estimate_gib(config, backend, dtype, 4 * 4, args.max_new_tokens)
+        estimate = node_estimate_gib(base.model_config, backend, dtype, 4 * 4, args.max_new_tokens)
         per_node[name] = {
             "rollouts_checked": sum(r[2] for r in mine),
             "false_rejects": sum(r[2] for r in mine if r[3] == "refused" and r[4] != "version_out_of_window"),
@@ -265,6 +267,7 @@ def run_qwen3(args: argparse.Namespace, root: Path) -> dict:
         "params": params,
         "base_bytes_per_param": round(base.total_size / params, 3),
         "adapter_over_base": round(max(adapters) / base.total_size, 4) if adapters else None,
+        "targets_reached": reached,  # rollouts per node and versions, before --timeout-min
         "versions": len(steps),
         "nodes": per_node,
         "learner_peak_rss_gib": round(rss["learner"], 2),
