@@ -47,8 +47,9 @@ Some families compute a step of their own in lower precision inside a
 backend, whatever the weights' dtype: llama.cpp's CPU GELU (Gemma's MLP) looks
 its input up in an f16 table (GGML_GELU_FP16, ggml-cpu/vec.h). On the tiny
 Gemma 2 and 3 models of tests/families.py its f32 worst token was 1.8e-3 to
-3.8e-3 and, with a LoRA adapter, up to 1.4e-2 (mean 8e-4), past the f32
-bound; such rows (``FAMILY``) replace the backend's own for that family.
+5.6e-3 (bench/models.py, 2,048 rollouts) and, with a LoRA adapter, up to
+1.4e-2 (mean 8e-4), past the f32 bound; such rows (``FAMILY``) replace the
+backend's own for that family.
 
 On GPUs (cuda, mps, vulkan) kernels sum in other orders and llama.cpp's CUDA
 matmuls convert activations differently; no GPU was at hand to measure them
