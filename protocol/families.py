@@ -101,7 +101,7 @@ def context_length(config: dict, default: int) -> int:
     """The longest prompt plus answer a node runs: the model's context, or
     its sliding window where llama.cpp ignores that (``window_caps_context``)."""
     context = int(config.get("max_position_embeddings") or default)
-    family = FAMILIES.get(config.get("model_type"))  # type: ignore[arg-type]
+    family = FAMILIES.get(str(config.get("model_type")))
     window = config.get("sliding_window")
     if family is not None and family.window_caps_context and isinstance(window, int) and window > 0:
         context = min(context, window)

@@ -183,11 +183,7 @@ def _add_hyperparameters(writer: gguf.GGUFWriter, config: dict, family: Family, 
         if sliding is not rope:  # its own RoPE base for the sliding-window layers
             writer.add_rope_freq_base_swa(float(sliding.get("rope_theta", 10000.0)))
     for key in family.softcapping:  # family_of checked that each is set
-        add = {
-            "attn_logit_softcapping": writer.add_attn_logit_softcapping,
-            "final_logit_softcapping": writer.add_final_logit_softcapping,
-        }[key]
-        add(float(config[key]))
+        getattr(writer, f"add_{key}")(float(config[key]))  # add_attn_logit_softcapping, ...
     writer.add_file_type(
         {
             "f32": gguf.LlamaFileType.ALL_F32,

@@ -86,3 +86,13 @@ def save_tiny_model(family: str, directory: Path, seed: int = 0, dtype: torch.dt
     tiny_model(family, seed, dtype).save_pretrained(directory)
     build_tokenizer().save_pretrained(directory)
     return directory
+
+
+def randomize_adapter(policy: torch.nn.Module, scale: float, seed: int) -> None:
+    """Give a freshly wrapped PEFT model's adapters (B starts at zero: no
+    effect) seeded random values of standard deviation ``scale``."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_" in name:
+                p.copy_(scale * torch.randn(p.shape, generator=generator))

@@ -20,7 +20,7 @@ from echo_learner.tolerance import tolerance
 from echo_node.backend_choice import llama_installed
 from echo_node.guard import Refused, check_version
 from protocol.families import FAMILIES as SUPPORTED
-from tests.families import FAMILIES, save_tiny_model, tiny_model
+from tests.families import FAMILIES, randomize_adapter, save_tiny_model, tiny_model
 
 needs_llama = pytest.mark.skipif(
     not llama_installed(), reason="llama.cpp not installed: pip install -e '.[llama]' (make test does)"
@@ -91,11 +91,7 @@ def test_a_lora_adapter_in_llama_cpp_equals_the_learners_peft_model(family, tmp_
     targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     settings = LoraSettings(rank=4, alpha=8.0, dropout=0.0, targets=targets)
     policy = wrap(tiny_model(family), settings)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in policy.named_parameters():
-            if "lora_" in name:
-                p.copy_(0.3 * torch.randn(p.shape, generator=generator))
+    randomize_adapter(policy, 0.3, seed=1)
     backend = llama_backend(tmp_path, "f32")
     backend.use(
         backend.prepare_lora(config_json(base), b"base", lambda: state_bytes(base), adapter_bytes(policy, settings))
@@ -191,11 +187,7 @@ def test_a_torch_node_merges_lora_versions_into_its_model_from_one_base(family):
 
     for seed in (1, 2):
         policy = wrap(on_the_bf16_grid(tiny_model(family)), settings)
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, p in policy.named_parameters():
-                if "lora_" in name:
-                    p.copy_(0.05 * torch.randn(p.shape, generator=generator))
+        randomize_adapter(policy, 0.05, seed)
         backend.use(backend.prepare_lora(config_json(base), b"base", base_weights, adapter_bytes(policy, settings)))
         worst, mean, tokens, _ = differences(policy.eval(), backend, seed=seed, batches=1)
         print(f"{family} LoRA merged in torch: {tokens} tokens, worst {worst:.2e} mean {mean:.2e}")

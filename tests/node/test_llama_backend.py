@@ -20,6 +20,7 @@ from echo_learner.model import ModelShape, build_model, config_json
 from echo_learner.tolerance import tolerance
 from echo_learner.trainer import Objective, Trainer
 from echo_node.backend_choice import llama_installed
+from tests.families import randomize_adapter
 
 pytestmark = pytest.mark.skipif(
     not llama_installed(), reason="llama.cpp not installed: pip install -e '.[llama]' (make test does)"
@@ -209,11 +210,7 @@ def test_lora_versions_run_as_adapters_on_one_base(dtype, tmp_path):
         return frozen
 
     for seed in (1, 2):
-        g = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, p in policy.named_parameters():
-                if "lora_" in name:
-                    p.copy_(0.1 * torch.randn(p.shape, generator=g))
+        randomize_adapter(policy, 0.1, seed)
         backend.use(backend.prepare_lora(config_json(base), b"base", base_weights, adapter_bytes(policy, settings)))
         worst, mean, tokens = worst_difference(policy.eval(), backend, random.Random(seed), batches=2)
         print(f"llama.cpp {dtype} LoRA version {seed}: worst {worst:.2e} mean {mean:.2e} over {tokens} tokens")
@@ -243,10 +240,7 @@ def test_a_lora_version_on_the_base_version_in_use_does_not_load_the_base_again(
     base_model = backend.loaded.model
     settings = LoraSettings(rank=4, alpha=8.0, dropout=0.0, targets=("q_proj", "v_proj"))
     policy = wrap(copy.deepcopy(base), settings)
-    with torch.no_grad():
-        for name, p in policy.named_parameters():
-            if "lora_" in name:
-                p.normal_(0, 0.1)
+    randomize_adapter(policy, 0.1, seed=1)
     loads = []
 
     def base_weights():
