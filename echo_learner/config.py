@@ -113,6 +113,11 @@ class LearnerConfig(ConnectionSettings):
         "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
         "comma-separated names of the linear layers that get adapters (Llama's attention and MLP projections)",
     )
+    q8_base: bool = setting(
+        True,
+        "with --lora: publish the base also as a signed q8_0 GGUF, which llama.cpp q8_0 nodes fetch "
+        "(about 1.06 bytes a weight) in place of the base",
+    )
     max_update_ratio: float = setting(
         0.5,
         "publish a version as an update (delta or adapter) against the newest full version only "

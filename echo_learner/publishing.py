@@ -6,19 +6,26 @@ later version is a delta against the newest base while the delta is at most
 far), the full weights go out and become the new base. Training LoRA, the
 base is the frozen model, published once, and each version is its adapter.
 ``protocol.updates`` defines the formats; nodes fetch a base once and then
-only updates.
+only updates. A LoRA base also goes out as a q8_0 GGUF (a *variant*), which
+llama.cpp q8_0 nodes fetch in its place: built by the exporter nodes use, so
+it is what they would make themselves, and deterministic, so its digest is
+the same whoever rebuilds it.
 """
 
 from __future__ import annotations
+
+import tempfile
+from pathlib import Path
 
 import torch
 
 from echo_learner.lora import LoraSettings, adapter_bytes, state_bytes
 from protocol import manifest
 from protocol.broadcast.store import VersionStore
+from protocol.gguf_export import f32_tensors, write_gguf
 from protocol.identity import Identity
 from protocol.messages import Manifest
-from protocol.updates import DELTA, FULL, LORA, digest, encode_delta, merge_lora
+from protocol.updates import DELTA, FULL, LORA, Q8_GGUF, digest, encode_delta, merge_lora
 
 
 class Publisher:
@@ -34,7 +41,9 @@ class Publisher:
         max_update_ratio: float,
         lora: LoraSettings | None = None,
         frozen_base: bytes | None = None,
+        q8_base: bool = False,
     ):
+        """``q8_base``: with ``lora``, publish the base's q8_0 variant too."""
         if (lora is None) != (frozen_base is None):
             raise ValueError("a LoRA publisher needs the frozen base weights, and only it")
         self.identity = identity
@@ -48,6 +57,7 @@ class Publisher:
         self.max_update_ratio = max_update_ratio
         self.lora = lora
         self.frozen_base = frozen_base
+        self.q8_base = q8_base and lora is not None
         # The newest base: its manifest and its weights file.
         self.base: tuple[Manifest, bytes] | None = None
 
@@ -69,6 +79,18 @@ class Publisher:
     def build_base(self, version: int) -> tuple[Manifest, list[bytes]]:
         assert self.frozen_base is not None
         return self._full(version, self.frozen_base, is_base=True)
+
+    def build_variants(self, base: Manifest, scratch: Path) -> list[tuple[Manifest, list[bytes]]]:
+        """The variants ``base`` (the LoRA base) is published in besides itself:
+        its q8_0 GGUF when ``q8_base`` (written under ``scratch`` on the way)."""
+        if not self.q8_base:
+            return []
+        assert self.frozen_base is not None and base.weights_digest == digest(self.frozen_base)
+        with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+            path = Path(tmp) / "base-q8_0.gguf"
+            write_gguf(base.model_config, f32_tensors(self.frozen_base), path, "q8_0")
+            data = path.read_bytes()
+        return [manifest.build_variant(self.identity, base, Q8_GGUF, data)]
 
     def build(self, version: int, model: torch.nn.Module) -> tuple[Manifest, list[bytes]]:
         """Version ``version`` of ``model``, as an update when that pays."""

@@ -141,6 +141,7 @@ class Learner:
             max_update_ratio=config.max_update_ratio,
             lora=self.lora,
             frozen_base=frozen_base,
+            q8_base=config.q8_base,
         )
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(config.ledger_path)
@@ -234,7 +235,8 @@ class Learner:
                 ):
                     host.set_stream_handler(protocol, serve(protocol, handler, cfg.request_timeout_s))
                 # The learner seeds each version into the swarm's broadcast.
-                store = VersionStore(cfg.data_dir / "weights" / self.job_id, learner_id=self.me, keep=cfg.keep_versions)
+                weights_dir = cfg.data_dir / "weights" / self.job_id
+                store = VersionStore(weights_dir, learner_id=self.me, keep=cfg.keep_versions)
                 self.engine = BroadcastEngine(
                     swarm,
                     store,
@@ -242,9 +244,11 @@ class Learner:
                     learner_id=self.me,
                     is_seed=True,
                     config=BroadcastConfig(max_upload_mbit=cfg.max_upload_mbit),
+                    variants=VersionStore(weights_dir / "variants", learner_id=self.me, keep=cfg.keep_versions),
                 )
                 self.engine.have_listener = self._on_have
                 self.publisher.adopt_base(store)
+                await self._publish_variants()
                 await nursery.start(self.engine.run)
                 nursery.start_soon(self.heldout.run)
                 nursery.start_soon(self.pacing.check_forecasts)
@@ -459,6 +463,8 @@ class Learner:
             return signed, chunks, self.trainer.snapshot() if policy else None
 
         signed, chunks, snapshot = await trio.to_thread.run_sync(build_all)
+        if self.publisher.base is not None and self.publisher.base[0] is signed:
+            await self._publish_variants()
         encoded = codec.encode(signed)
         self.ledger.record_version(version, self.step, now_ms(), encoded)
         if snapshot is not None:
@@ -470,6 +476,26 @@ class Learner:
         self.pool.set_open(self.pool.open, min_version=version - self.config.window)
         self.meter.on_publish(version, t0, time.monotonic())
         self.directory.published(version, encoded)
+
+    async def _publish_variants(self) -> None:
+        """Seed the variants of the newest base (``Publisher.build_variants``)
+        that the store lacks: before the base itself goes out, so that a node
+        that hears of the base finds them."""
+        assert self.engine is not None and self.engine.variants is not None
+        base = self.publisher.base
+        if base is None or base[0].version in self.engine.variants.manifests:
+            return
+        built = await trio.to_thread.run_sync(self.publisher.build_variants, base[0], self.config.data_dir)
+        for variant, chunks in built:
+            await self.engine.publish_variant(variant, chunks)
+            event(
+                log,
+                logging.INFO,
+                "published a variant",
+                version=variant.version,
+                format=variant.format,
+                bytes=variant.total_size,
+            )
 
     def _on_have(self, peer: str, have: Have) -> None:
         m = self.engine.store.manifests.get(have.version) if self.engine else None

@@ -4,8 +4,9 @@ A backend holds one policy version and samples completions from it:
 
     prepare(config_json, weights, digest)
                                    get a version (safetensors bytes, with
-                                   their SHA-256 when known) ready to run,
-                                   while generation goes on
+                                   their SHA-256 when known; or the file of
+                                   its ``variant``) ready to run, while
+                                   generation goes on
     use(prepared)                  swap it in (between generations)
     close()                        free it when the node leaves
     generate(prompts, ...)       group_size samples per prompt, each sampled
@@ -37,8 +38,11 @@ class Backend(Protocol):
     dtype: str  # the precision its log-probs come from: "f32", "f16", "q8_0"
     auto_dtype: bool  # the node may set ``dtype`` to what fits (before the first prepare)
     device: Device  # where it generates
+    # The variant of a base it runs in place of the base when the learner
+    # publishes one (``protocol.updates.VARIANTS``), or "".
+    variant: str
 
-    def prepare(self, config_json: str, weights: bytes, digest: bytes = b"") -> Any: ...
+    def prepare(self, config_json: str, weights: bytes, digest: bytes = b"", variant: str = "") -> Any: ...
 
     def use(self, prepared: Any) -> None: ...
 

@@ -27,6 +27,7 @@ from echo_node.backend import Sample
 from echo_node.device import Device, cpu
 from echo_node.memory import LLAMA_CELLS
 from protocol import updates
+from protocol.files import write_atomic
 from protocol.gguf_export import f32_tensors, write_gguf
 from protocol.gguf_lora import write_lora_gguf
 
@@ -117,16 +118,28 @@ class LlamaBackend:
         for stale in work_dir.glob("policy-*.gguf*"):
             stale.unlink()
 
-    def prepare(self, config_json: str, weights: bytes, digest: bytes = b"") -> Loaded:
-        """Export ``weights`` as a GGUF in this node's dtype and load it.
-        ``digest`` (SHA-256 of ``weights``) names the model, so that LoRA
-        versions made against these very weights use it as their base."""
-        model = self._load_model(config_json, weights)
+    @property
+    def variant(self) -> str:
+        """A q8_0 node runs the q8_0 GGUF the learner publishes of a base
+        (1.06 bytes a weight on the wire, and no export here)."""
+        return updates.Q8_GGUF if self.dtype == "q8_0" else ""
+
+    def prepare(self, config_json: str, weights: bytes, digest: bytes = b"", variant: str = "") -> Loaded:
+        """Export ``weights`` as a GGUF in this node's dtype and load it (or,
+        given its ``variant``, load that GGUF as it is). ``digest`` (SHA-256
+        of ``weights``) names the model, so that LoRA versions made against
+        these very weights use it as their base."""
+        model = self._load_model(config_json, weights, variant)
         model.key = digest
         return self._context(model)
 
     def prepare_lora(
-        self, config_json: str, base_key: bytes, base_weights: Callable[[], bytes], adapter: bytes
+        self,
+        config_json: str,
+        base_key: bytes,
+        base_weights: Callable[[], bytes],
+        adapter: bytes,
+        base_variant: str = "",
     ) -> Loaded:
         """A LoRA version: its adapter (safetensors, ``protocol.updates``) as a
         llama.cpp adapter on the base model, loaded once per base
@@ -135,7 +148,8 @@ class LlamaBackend:
         (bench/lora_gguf.py). ``base_key``: the SHA-256 of the base's
         weights; the version in use is the base itself when it is the base
         version, and is not loaded twice (a Qwen3-0.6B-shaped q8_0 node
-        peaked at 9 GiB, killed, when it was)."""
+        peaked at 9 GiB, killed, when it was). ``base_variant``: the base
+        comes as that variant (``prepare``)."""
         base = self._base if self._base is not None and self._base.key == base_key else None
         if base is None and self.loaded is not None and self.loaded.model.key == base_key:
             base = self.loaded.model
@@ -144,7 +158,7 @@ class LlamaBackend:
             base.users += 1  # held by the backend until another base replaces it
             self._base = base
         if base is None:
-            base = self._load_model(config_json, base_weights())
+            base = self._load_model(config_json, base_weights(), base_variant)
             base.key = base_key
             if self._base is not None:
                 self._base.release()
@@ -170,11 +184,16 @@ class LlamaBackend:
             raise LlamaError("llama.cpp could not set the LoRA adapter")
         return loaded
 
-    def _load_model(self, config_json: str, weights: bytes) -> Model:
+    def _load_model(self, config_json: str, weights: bytes, variant: str = "") -> Model:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.prepared += 1
         path = self.work_dir / f"policy-{self.prepared}-{self.dtype}.gguf"
-        write_gguf(config_json, f32_tensors(weights), path, self.dtype)
+        if variant and variant != self.variant:
+            raise ValueError(f"a {self.dtype} node runs no {variant} files")
+        if variant:
+            write_atomic(path, weights)
+        else:
+            write_gguf(config_json, f32_tensors(weights), path, self.dtype)
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = self.gpu_layers
         # No repacked weight layouts (AMX, CPU_REPACK): on Sapphire Rapids CPUs

@@ -29,6 +29,7 @@ def auto_dtype(device: Device) -> str:
 class TorchBackend:
     name = "torch"
     auto_dtype = False  # the dtype follows the device (auto_dtype()), not free memory
+    variant = ""  # it runs bases as published
 
     def __init__(self, threads: int, device: Device | None = None, dtype: str = "auto"):
         torch.set_num_threads(threads)
@@ -51,20 +52,29 @@ class TorchBackend:
         self._base_state: dict[str, torch.Tensor] = {}
         self._base_key = b""
 
-    def prepare(self, config_json: str, weights: bytes, digest: bytes = b"") -> PreTrainedModel:
+    def prepare(self, config_json: str, weights: bytes, digest: bytes = b"", variant: str = "") -> PreTrainedModel:
         """A model holding safetensors ``weights`` (in whatever dtype they
         travelled), built from ``config_json`` in this node's dtype (safe to
         call while ``generate`` runs). ``digest`` is not needed here."""
+        if variant:
+            raise ValueError(f"the torch backend runs no {variant} files")
         return self._build(config_json, load(weights))
 
     def prepare_lora(
-        self, config_json: str, base_key: bytes, base_weights: Callable[[], bytes], adapter: bytes
+        self,
+        config_json: str,
+        base_key: bytes,
+        base_weights: Callable[[], bytes],
+        adapter: bytes,
+        base_variant: str = "",
     ) -> PreTrainedModel:
         """A LoRA version: the base's tensors (loaded once per base, kept as
         they travelled) with the adapter merged in, straight into a model.
         Rebuilding the merged weights as a file and loading that held three
         more copies of the weights (a Qwen3-0.6B-shaped f32 node was
         OOM-killed at 11 GB)."""
+        if base_variant:
+            raise ValueError(f"the torch backend runs no {base_variant} files")
         if self._base_key != base_key:
             self._base_state, self._base_key = {}, b""  # the old base's memory first
             self._base_state, self._base_key = load(base_weights()), base_key

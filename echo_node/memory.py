@@ -68,15 +68,19 @@ def kv_bytes_per_token(shape: ModelShape) -> int:
     return 2 * shape.layers * shape.kv_heads * shape.head_dim * KV_BYTES  # keys and values
 
 
-def load_need(shape: ModelShape, backend: str, dtype: str) -> Need:
+def load_need(shape: ModelShape, backend: str, dtype: str, variant: str = "") -> Need:
     """Building a version (while the one before still generates, and is
     counted as in use): the model in ``dtype``, the published file (in the
     model's own dtype, ``shape.wire_bytes`` a weight), its tensors being
     converted (torch: loaded as published; llama.cpp: widened to f32 for the
     GGUF export) and, for llama.cpp, the context's KV cache (allocated when
-    the model loads)."""
-    converted = F32_BYTES if backend == "llama" else shape.wire_bytes
-    weights = int(shape.parameters * (WEIGHT_BYTES[dtype] + shape.wire_bytes + converted))
+    the model loads). A ``variant`` is a GGUF already in ``dtype``: the file
+    and the model only."""
+    if variant:
+        weights = int(shape.parameters * 2 * WEIGHT_BYTES[dtype])
+    else:
+        converted = F32_BYTES if backend == "llama" else shape.wire_bytes
+        weights = int(shape.parameters * (WEIGHT_BYTES[dtype] + shape.wire_bytes + converted))
     cache = kv_bytes_per_token(shape) * LLAMA_CELLS if backend == "llama" else 0
     return Need(weights=weights, cache=cache)
 

@@ -154,6 +154,7 @@ class Node:
                     max_peers=cfg.max_peers,
                     max_version_bytes=int(cfg.max_disk_gb * 2**30 / (cfg.keep_versions + 1)),
                 ),
+                variant=self.backend.variant,
             )
             await nursery.start(self.engine.run)
             self.weights.engine, self.weights.learner_id = self.engine, learner_id

@@ -113,7 +113,7 @@ class Weights:
         async with self._update_lock:
             if self.version >= version:
                 return
-            manifest = await self.engine.fetch_manifest(self.learner_id)
+            manifest = await self.engine.fetch_manifest_to_follow(self.learner_id)
             if manifest.version < version:
                 raise RequestFailed(f"learner offers v{manifest.version} but assigned v{version}")
             newest = await download_newer(self.engine, manifest, self.version)
@@ -135,36 +135,40 @@ class Weights:
         """Get ``version`` ready in the backend, every signed digest checked
         (``UpdateRefused`` otherwise): a LoRA version from its adapter and
         the base the backend holds (llama.cpp: as an adapter; torch: merged
-        into a model), any other rebuilt into full weights (protocol.updates)."""
+        into a model), a variant as it is, any other rebuilt into full
+        weights (protocol.updates)."""
         assert self.engine is not None
         store, m = self.engine.store, self.engine.store.manifests[version]
         prepare_lora = getattr(self.backend, "prepare_lora", None)
         if m.format != updates.LORA or prepare_lora is None:
-            return self._prepare(m.model_config, store.rebuild(version), m.weights_digest)
+            return self._prepare(m.model_config, store.rebuild(version), m.weights_digest, updates.variant_of(m))
         base = store.base_of(version)
         adapter = store.assemble(version)
         updates.check_lora(m, adapter, base)
+        assert base is not None  # check_lora refuses an adapter without its base
+        variant = updates.variant_of(base)
 
         def base_weights() -> bytes:
-            assert base is not None
             weights = updates.check_signed(base, store.assemble(base.version), None, None)
-            check_version(base.model_config, weights)
+            if not variant:
+                check_version(base.model_config, weights)
             return weights
 
         try:
-            assert base is not None  # check_lora refuses an adapter without its base
-            return prepare_lora(m.model_config, base.weights_digest, base_weights, adapter)
+            return prepare_lora(m.model_config, base.weights_digest, base_weights, adapter, variant)
         except (ValueError, RuntimeError, SafetensorError) as exc:
             raise Refused(f"could not load the weights: {exc}") from exc
 
-    def _prepare(self, config_json: str, weights: bytes, digest: bytes = b"") -> Any:
+    def _prepare(self, config_json: str, weights: bytes, digest: bytes = b"", variant: str = "") -> Any:
         """Check a version (``digest``: its weights' SHA-256, as signed), then
-        build it in the backend; ``Refused`` if either fails."""
-        shape = check_version(config_json, weights)
-        need, free = load_need(shape, self.backend.name, self.backend.dtype), self.free()
+        build it in the backend; ``Refused`` if either fails. A ``variant``
+        file goes to the backend as it is: llama.cpp checks its tensors
+        against the hyperparameters it carries."""
+        shape = model_shape(config_json) if variant else check_version(config_json, weights)
+        need, free = load_need(shape, self.backend.name, self.backend.dtype, variant), self.free()
         if need.total > free:
             raise Refused(f"this version needs about {need.describe()}; {gib(free)} is free")
         try:
-            return self.backend.prepare(config_json, weights, digest)
+            return self.backend.prepare(config_json, weights, digest, variant)
         except (ValueError, RuntimeError, SafetensorError) as exc:  # passed the checks, still does not load
             raise Refused(f"could not load the weights: {exc}") from exc

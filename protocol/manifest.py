@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from protocol import codec
 from protocol.errors import ChunkHashMismatch, DecodeError
 from protocol.identity import Identity, verify
 from protocol.messages import MAX_CHUNKS, UNSIGNED, Manifest
-from protocol.updates import FULL, LORA
+from protocol.updates import FULL, LORA, VARIANTS
 
 DEFAULT_CHUNK_SIZE = 1024 * 1024
 
@@ -77,6 +77,30 @@ def build(
     return identity.sign(manifest), chunks
 
 
+def build_variant(identity: Identity, base: Manifest, fmt: str, data: bytes) -> tuple[Manifest, list[bytes]]:
+    """Chunk ``data``, ``base``'s weights in the variant format ``fmt`` (e.g. a
+    q8_0 GGUF, ``protocol.updates``), and sign a manifest for it: the same
+    version, naming ``base`` by its digest."""
+    if fmt not in VARIANTS or base.format != FULL:
+        raise ValueError(f"a {fmt} variant of a {base.format} version")
+    chunks = split(data, base.chunk_size)
+    if len(chunks) > MAX_CHUNKS:
+        raise ValueError(f"{len(chunks)} chunks exceed the limit of {MAX_CHUNKS}")
+    manifest = replace(
+        base,
+        format=fmt,
+        base_version=base.version,
+        base_digest=codec.digest(base),
+        weights_digest=hashlib.sha256(data).digest(),
+        total_size=len(data),
+        chunk_hashes=tuple(hashlib.sha256(c).digest() for c in chunks),
+        created_ms=int(time.time() * 1000),
+        learner_id=identity.peer_id_str,
+        signature=UNSIGNED,
+    )
+    return identity.sign(manifest), chunks
+
+
 def check(manifest: Manifest, learner_id: str | None = None) -> None:
     """Verify the learner's signature and the manifest's internal consistency.
 
@@ -89,7 +113,14 @@ def check(manifest: Manifest, learner_id: str | None = None) -> None:
     expected_chunks = -(-manifest.total_size // manifest.chunk_size)
     if len(manifest.chunk_hashes) != expected_chunks:
         raise DecodeError(f"manifest lists {len(manifest.chunk_hashes)} chunks, size implies {expected_chunks}")
-    if (manifest.format == FULL) != (manifest.base_version == -1) or (manifest.base_version >= manifest.version):
+    # A full version names no base; a variant names its own version; an update an older one.
+    if manifest.format == FULL:
+        names_base = manifest.base_version == -1
+    elif manifest.format in VARIANTS:
+        names_base = manifest.base_version == manifest.version
+    else:
+        names_base = 0 <= manifest.base_version < manifest.version
+    if not names_base:
         raise DecodeError(
             f"manifest v{manifest.version} of format {manifest.format} names base v{manifest.base_version}"
         )

@@ -68,9 +68,11 @@ class Manifest:
     tokenizer_digest: bytes = field(metadata=check(SHA256))
     # What the chunks hold (protocol.updates): "safetensors" (full weights),
     # "delta" or "lora" (an update against base_version, named by the digest
-    # of its manifest). weights_digest: SHA-256 of the file the chunks make
-    # once decoded (the full weights; for "lora", the adapter file).
-    format: str = field(metadata=check(Str(16, ("safetensors", "delta", "lora"))))
+    # of its manifest), or "gguf_q8_0" (a variant: base_version's weights,
+    # version == base_version, as a llama.cpp q8_0 GGUF). weights_digest:
+    # SHA-256 of the file the chunks make once decoded (the full weights;
+    # for "lora", the adapter file; for a variant, the GGUF).
+    format: str = field(metadata=check(Str(16, ("safetensors", "delta", "lora", "gguf_q8_0"))))
     base_version: int = field(metadata=check(Int(-1, MAX_U53)))
     base_digest: bytes = field(metadata=check(Bytes(0, 32)))
     weights_digest: bytes = field(metadata=check(SHA256))

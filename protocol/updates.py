@@ -14,6 +14,11 @@ A manifest's ``format`` says what its chunks hold:
   ``...lora_B.weight`` per adapted matrix, named as PEFT saves them) with
   ``{"alpha": .., "rank": ..}`` as JSON under the metadata key ``lora``. The version's weights are the
   base's with every adapted matrix ``W`` replaced by ``W + alpha/rank * B @ A``.
+- ``gguf_q8_0``: a *variant* of a base: the same version (``base_version`` is
+  its own number) as a llama.cpp GGUF in q8_0, for nodes that run q8_0. They
+  fetch it (about 1.06 bytes a weight) in place of the base, and then the
+  base's LoRA adapters as anyone does: an update against a base accepts its
+  variant as the base it names.
 
 Every update names its base by version and by manifest digest, and every
 manifest signs ``weights_digest``, the SHA-256 of the file its chunks
@@ -39,8 +44,9 @@ from protocol import codec
 from protocol.errors import ProtocolError
 from protocol.messages import Manifest
 
-FULL, DELTA, LORA = "safetensors", "delta", "lora"
-FORMATS = (FULL, DELTA, LORA)
+FULL, DELTA, LORA, Q8_GGUF = "safetensors", "delta", "lora", "gguf_q8_0"
+FORMATS = (FULL, DELTA, LORA, Q8_GGUF)
+VARIANTS = (Q8_GGUF,)
 # zstd level 3: 540 MB of SmolLM2 deltas in seconds on one core; higher
 # levels shrink the noise-like low planes by under 1% (bench/delta.py).
 ZSTD_LEVEL = 3
@@ -182,16 +188,31 @@ def _base_name(peft_prefix: str) -> str:
 # --- rebuilding a version ----------------------------------------------------------
 
 
+def standalone(manifest: Manifest) -> bool:
+    """Does the version rebuild from its own chunks (a base or a variant),
+    with no base to fetch first?"""
+    return manifest.format in (FULL, *VARIANTS)
+
+
+def variant_of(manifest: Manifest) -> str:
+    """The variant a manifest is, as requests name it ("": a version as published)."""
+    return manifest.format if manifest.format in VARIANTS else ""
+
+
 def check_base(update: Manifest, base: Manifest) -> None:
-    """``UpdateRefused`` unless ``base`` is exactly the version ``update`` was made against."""
-    if base.version != update.base_version or codec.digest(base) != update.base_digest:
+    """``UpdateRefused`` unless ``base`` is exactly the version ``update`` was
+    made against, or a variant of it (which names that version's digest)."""
+    named = base.base_digest if base.format in VARIANTS else codec.digest(base)
+    if base.version != update.base_version or named != update.base_digest:
         raise UpdateRefused(
             f"v{update.version} is an update against v{update.base_version} "
             f"({update.base_digest.hex()[:12]}), not against the v{base.version} held "
-            f"({codec.digest(base).hex()[:12]})"
+            f"({named.hex()[:12]})"
         )
-    if base.format != FULL:
+    if base.format not in (FULL, *VARIANTS):
         raise UpdateRefused(f"v{update.version}'s base v{base.version} is itself an update")
+    if base.format in VARIANTS and update.format != LORA:
+        raise UpdateRefused(f"v{update.version} is a {update.format}: it applies to the full base, not a variant")
 
 
 def check_lora(manifest: Manifest, adapter: bytes, base: Manifest | None) -> None:
@@ -209,7 +230,7 @@ def check_signed(manifest: Manifest, payload: bytes, base: Manifest | None, base
     the adapter file, to be merged). ``UpdateRefused`` if anything differs."""
     if manifest.format != DELTA and digest(payload) != manifest.weights_digest:
         raise UpdateRefused(f"v{manifest.version}'s file does not match its signed digest")
-    if manifest.format == FULL:
+    if manifest.format in (FULL, *VARIANTS):
         return payload
     if base is None or base_payload is None:
         raise UpdateRefused(f"v{manifest.version} needs its base v{manifest.base_version}")
@@ -230,6 +251,8 @@ def rebuild(manifest: Manifest, payload: bytes, base: Manifest | None, base_payl
     anything does not match what the learner signed."""
     checked = check_signed(manifest, payload, base, base_payload)
     if manifest.format == LORA:
-        assert base_payload is not None
+        assert base is not None and base_payload is not None
+        if base.format in VARIANTS:
+            raise UpdateRefused(f"v{manifest.version}: an adapter on a {base.format} base loads in llama.cpp only")
         return merge_lora(base_payload, checked)
     return checked

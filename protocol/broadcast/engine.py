@@ -1,10 +1,10 @@
 """The broadcast engine: one per process, the learner (seed) and every node alike.
 
-- Serves every chunk it holds on ``/echo-swarm/chunk/1.1.0`` as soon as the
+- Serves every chunk it holds on ``/echo-swarm/chunk/1.2.0`` as soon as the
   chunk is on disk (written only after its hash matched the signed manifest),
   within the upload policy and the upload token bucket.
-- Keeps a have-stream (``/echo-swarm/have/1.0.0``) with each neighbour: both
-  sides send a ``Have`` (version, manifest digest, bitfield) whenever theirs
+- Keeps a have-stream (``/echo-swarm/have/1.1.0``) with each neighbour: both
+  sides send a ``Have`` (version, manifest digest, bitfield, base held) whenever theirs
   changes, and read the other's continuously (yamux resets a stream whose
   reader stalls for 5 s).
 - Follows the newest version any neighbour announces: fetches its manifest
@@ -17,6 +17,10 @@
   strikes, a chunk that fails its hash, or a denied chunk the peer announces,
   ban the peer from our downloads for ``ban_s``.
 - Finds neighbours through DHT provider records of the job's swarm key.
+- Runs bases in the process's ``variant`` when it has one (a llama.cpp q8_0
+  node: the q8_0 GGUF the learner publishes beside each LoRA base, see
+  ``protocol.updates``): it follows the variant in place of the base, and
+  the seed serves both from ``variants``, a store of its own.
 
 The parts live beside it: ``scheduler`` (which chunk to ask of whom),
 ``requests`` (one chunk request and its streams), ``penalties`` (strikes and
@@ -68,6 +72,8 @@ log = logging.getLogger(__name__)
 
 # Peers remembered as having served us a good chunk (then forgotten at once).
 MAX_TRUSTED = 4096
+# Versions remembered as having no variant (asked once each).
+MAX_WITHOUT_VARIANT = 1024
 
 # Errors a request to a peer can end with when the peer misbehaves or vanishes
 # mid-dial (py-libp2p's errors share no base class below Exception); none may
@@ -89,9 +95,17 @@ class BroadcastEngine:
         learner_id: str,
         is_seed: bool,
         config: BroadcastConfig = BroadcastConfig(),
+        variant: str = "",
+        variants: VersionStore | None = None,
     ):
+        """``variant``: the variant format this process runs bases in, if the
+        learner publishes one ("" for none); ``variants``: the seed's store of
+        the variants it publishes."""
         self.swarm = swarm
         self.store = store
+        self.variant = variant
+        self.variants = variants
+        self._without_variant: set[int] = set()
         self.job_id = job_id
         self.learner_id = learner_id
         self.is_seed = is_seed
@@ -159,6 +173,29 @@ class BroadcastEngine:
         self.target = manifest
         self._poke_local()
 
+    async def publish_variant(self, manifest: Manifest, chunks: list[bytes]) -> None:
+        """Seed a variant of a version (before the version itself, so that
+        whoever hears of the version finds its variant)."""
+        assert self.variants is not None, "the seed keeps variants in a store of their own"
+        store = self.variants
+        store.add_manifest(manifest)
+
+        def save_all() -> None:
+            for idx, data in enumerate(chunks):
+                store.save_chunk(manifest, idx, data)
+
+        await trio.to_thread.run_sync(save_all)
+        for idx in range(len(chunks)):
+            store.mark_held(manifest.version, idx)
+
+    def holding(self, version: int, variant: str) -> VersionStore | None:
+        """The store that holds ``version`` as ``variant`` ("": as published)."""
+        for store in (self.store, self.variants):
+            m = store.manifests.get(version) if store is not None else None
+            if m is not None and updates.variant_of(m) == variant:
+                return store
+        return None
+
     def want(self, manifest: Manifest) -> None:
         """Download ``manifest``'s version if it is newer than what we follow.
 
@@ -174,6 +211,9 @@ class BroadcastEngine:
         if newest is not None and manifest.version == newest.version:
             if manifest_digest(manifest) == manifest_digest(newest):
                 return
+        held = self.store.manifests.get(manifest.version)
+        if held is not None and manifest_digest(held) != manifest_digest(manifest):
+            return  # the version is held in another form (e.g. its variant): keep that
         self.store.add_manifest(manifest)
         if self._finishing_first():
             self._queued = manifest
@@ -184,7 +224,7 @@ class BroadcastEngine:
     def _follow(self, m: Manifest) -> None:
         """Download ``m``'s version, or first its base if it is an update
         against a base not held in full (``m`` waits queued meanwhile)."""
-        if m.base_version < 0 or self.store.complete(m.base_version) and self.store.base_of(m.version):
+        if updates.standalone(m) or self.store.complete(m.base_version) and self.store.base_of(m.version):
             self._start_download(m)
             return
         self._queued = m
@@ -196,11 +236,12 @@ class BroadcastEngine:
             self._nursery.start_soon(self._fetch_base, m)
 
     async def _fetch_base(self, update: Manifest) -> None:
-        """Get the manifest of ``update``'s base, from the learner or else a neighbour."""
+        """Get the manifest of ``update``'s base (in our variant if there is
+        one), from the learner or else a neighbour."""
         try:
             for peer in [self.learner_id, *(p for p in self.neighbours if p != self.learner_id)]:
                 try:
-                    base = await self.fetch_manifest(peer, update.base_version)
+                    base = await self.fetch_manifest_to_follow(peer, update.base_version)
                 except PEER_ERRORS as exc:
                     event(
                         log,
@@ -330,7 +371,9 @@ class BroadcastEngine:
             # the swarm lacks.
             offered = self.server.offered(m.version)
             held = held if offered is None else offered
-        return Have(self.job_id, m.version, manifest_digest(m), bitfield.encode(held, len(m.chunk_hashes)))
+        base = None if updates.standalone(m) else self.store.base_of(m.version)
+        base_digest = manifest_digest(base) if base is not None and self.store.complete(base.version) else b""
+        return Have(self.job_id, m.version, manifest_digest(m), bitfield.encode(held, len(m.chunk_hashes)), base_digest)
 
     async def _on_have_stream(self, stream: INetStream) -> None:
         peer = remote_peer(stream)
@@ -389,8 +432,8 @@ class BroadcastEngine:
         m, d = self.target, self.download
         if m is None or d is None:
             return
-        if latest.version != m.version:
-            if self._holds_as_base(latest, m) and not self.banned(peer):
+        if latest.version != m.version or m.format in updates.VARIANTS and peer == self.learner_id:
+            if self._holds_as_base(peer, latest, m) and not self.banned(peer):
                 # Following an update against m means holding m in full.
                 d.update_peer(peer, frozenset(range(len(m.chunk_hashes))))
                 self._poke_downloader()
@@ -413,10 +456,11 @@ class BroadcastEngine:
         self._learning.add(version)
         self._nursery.start_soon(self._fetch_manifest, peer, version)
 
-    async def fetch_manifest(self, peer: str, version: int = -1) -> Manifest:
-        """Manifest ``version`` (-1: the newest) from ``peer``, checked against the
-        job and the learner's key; ``RequestFailed`` otherwise."""
-        ask = ManifestRequest(self.job_id, version)
+    async def fetch_manifest(self, peer: str, version: int = -1, variant: str = "") -> Manifest:
+        """Manifest ``version`` (-1: the newest; ``variant``: of that variant)
+        from ``peer``, checked against the job and the learner's key;
+        ``RequestFailed`` otherwise."""
+        ask = ManifestRequest(self.job_id, version, variant)
         reply = await request(
             self.swarm.host,
             ID.from_base58(peer),
@@ -426,8 +470,10 @@ class BroadcastEngine:
         )
         if isinstance(reply, ErrorReply):
             raise RequestFailed(f"{peer} has no manifest v{version}: {reply.code}")
-        if reply.job_id != self.job_id:
-            raise RequestFailed(f"{peer} sent a manifest of job {reply.job_id}")
+        if reply.job_id != self.job_id or version >= 0 and reply.version != version:
+            raise RequestFailed(f"{peer} sent the manifest of v{reply.version} of job {reply.job_id}")
+        if updates.variant_of(reply) != variant:
+            raise RequestFailed(f"{peer} sent a {reply.format} manifest, not a {variant or 'published'} one")
         try:
             manifests.check(reply, self.learner_id)
         except ProtocolError as exc:
@@ -439,9 +485,29 @@ class BroadcastEngine:
             )
         return reply
 
+    async def fetch_manifest_to_follow(self, peer: str, version: int = -1) -> Manifest:
+        """The manifest of ``version`` (-1: the newest ``peer`` holds) to
+        follow: its variant, where this process runs bases in one and the
+        version has it (asked of ``peer``, then of the learner), else itself."""
+        m = await self.fetch_manifest(peer, version)
+        if not self.variant or m.format != updates.FULL or m.version in self._without_variant:
+            return m
+        for source in dict.fromkeys((peer, self.learner_id)):
+            try:
+                variant = await self.fetch_manifest(source, m.version, self.variant)
+            except PEER_ERRORS as exc:
+                event(log, logging.DEBUG, "no variant here", peer=source, version=m.version, error=exc)
+                continue
+            if variant.base_digest == manifest_digest(m):
+                return variant
+        if len(self._without_variant) >= MAX_WITHOUT_VARIANT:
+            self._without_variant.clear()
+        self._without_variant.add(m.version)
+        return m
+
     async def _fetch_manifest(self, peer: str, version: int) -> None:
         try:
-            self.want(await self.fetch_manifest(peer, version))
+            self.want(await self.fetch_manifest_to_follow(peer, version))
         except PEER_ERRORS as exc:
             event(log, logging.INFO, "could not get manifest", peer=peer, version=version, error=exc)
         finally:
@@ -539,16 +605,13 @@ class BroadcastEngine:
         if self.download is not None:
             self.download.drop(peer)
 
-    def _holds_as_base(self, latest: Have, m: Manifest) -> bool:
-        """Does a peer's Have name an update (known to us) whose base is ``m``?
-        Engines fetch an update only once they hold its base in full."""
-        u = self.store.manifests.get(latest.version)
-        return (
-            u is not None
-            and u.base_version == m.version
-            and latest.manifest_digest == manifest_digest(u)
-            and u.base_digest == manifest_digest(m)
-        )
+    def _holds_as_base(self, peer: str, latest: Have, m: Manifest) -> bool:
+        """Does ``peer`` hold ``m`` in full, following a newer version? Its Have
+        names the base it holds (engines fetch an update only once they hold
+        its base in full); the learner holds the variants it published."""
+        if m.format in updates.VARIANTS and peer == self.learner_id:
+            return latest.version >= m.version
+        return latest.version > m.version and latest.base_digest == manifest_digest(m)
 
     def _announces(self, peer: str, m: Manifest, idx: int) -> bool:
         """Does ``peer``'s latest Have still name chunk ``idx`` of ``m``?"""

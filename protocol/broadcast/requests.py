@@ -19,6 +19,7 @@ import trio
 from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
+from protocol import updates
 from protocol.broadcast.scheduler import Download
 from protocol.broadcast.settings import Stats
 from protocol.broadcast.store import VersionStore
@@ -89,7 +90,8 @@ class ChunkRequests:
             try:
                 if stream is None:
                     stream = await self.swarm.host.new_stream(ID.from_base58(peer), [chunk.PROTOCOL])
-                reply = await chunk.ask_chunk(stream, ChunkRequest(self.job_id, m.version, idx), progress)
+                ask = ChunkRequest(self.job_id, m.version, idx, updates.variant_of(m))
+                reply = await chunk.ask_chunk(stream, ask, progress)
                 reusable = True
             finally:
                 self._open.pop((peer, idx), None)

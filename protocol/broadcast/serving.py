@@ -49,6 +49,8 @@ class Engine(Protocol):
 
     def have_changed(self) -> None: ...
 
+    def holding(self, version: int, variant: str) -> VersionStore | None: ...
+
 
 @functools.lru_cache(maxsize=64)
 def manifest_digest(m: Manifest) -> bytes:
@@ -61,11 +63,11 @@ class ChunkServer:
         self.engine = engine
         self.bucket = TokenBucket.from_mbit(engine.config.max_upload_mbit)
         self._queue = UploadQueue(engine.config.slots(engine.config.max_upload_mbit))
-        self._policies: dict[int, UploadPolicy] = {}
+        self._policies: dict[tuple[int, str], UploadPolicy] = {}  # by version and variant
 
     def offered(self, version: int) -> frozenset[int] | None:
         """The chunks of ``version`` the seed offers now (None: no policy yet, all)."""
-        policy = self._policies.get(version)
+        policy = self._policies.get((version, ""))
         return policy.offered() if policy is not None else None
 
     async def serve(self, stream: INetStream) -> None:
@@ -79,15 +81,18 @@ class ChunkServer:
             await chunk.send_reply(stream, ErrorReply(UNKNOWN_JOB, f"this swarm runs {e.job_id}"))
             return
         if isinstance(req, ManifestRequest):
-            m = e.store.newest() if req.version < 0 else e.store.manifests.get(req.version)
-            reply = m or ErrorReply(chunk.UNKNOWN_VERSION, f"no v{req.version}")
-            await chunk.send_reply(stream, reply)
+            newest = e.store.newest()
+            version = newest.version if req.version < 0 and newest is not None else req.version
+            store = e.holding(version, req.variant)
+            reply = store.manifests[version] if store is not None else None
+            await chunk.send_reply(stream, reply or ErrorReply(chunk.UNKNOWN_VERSION, f"no v{req.version}"))
             return
-        data = e.store.read(req.version, req.index) if e.config.relay or e.is_seed else None
-        if data is None:
+        store = e.holding(req.version, req.variant) if e.config.relay or e.is_seed else None
+        data = store.read(req.version, req.index) if store is not None else None
+        if store is None or data is None:
             await chunk.send_reply(stream, ErrorReply(chunk.UNKNOWN_CHUNK, f"no chunk {req.index} of v{req.version}"))
             return
-        policy = self._policy(req.version)
+        policy = self._policy(store, req.version, req.variant)
         peer = remote_peer(stream)
         offer = policy.offered()
         weak = peer in e.relayed_peers
@@ -100,7 +105,7 @@ class ChunkServer:
         ok = False
         try:
             reply = ChunkData(e.job_id, req.version, req.index, data)
-            async with self._slot(policy.priority(peer, self._shared(peer, req.version))):
+            async with self._slot(policy.priority(peer, self._shared(store, peer, req.version))):
                 # A requester that stops reading would hold an upload slot
                 # for ever: each piece must leave within stall_s.
                 with trio.CancelScope() as scope:
@@ -146,22 +151,23 @@ class ChunkServer:
         for ready in self._queue.pop_ready():
             ready.set()
 
-    def _shared(self, peer: str, version: int) -> int:
+    def _shared(self, store: VersionStore, peer: str, version: int) -> int:
         """How many of the chunks of ``version`` we hold ``peer`` announces too."""
-        m = self.engine.store.manifests.get(version)
+        m = store.manifests.get(version)
         theirs = self.engine.neighbours.get(peer)
         if m is None or theirs is None or theirs.version != version or theirs.manifest_digest != manifest_digest(m):
             return 0
-        ours = bitfield.encode(self.engine.store.chunks_held(version), len(m.chunk_hashes))
+        ours = bitfield.encode(store.chunks_held(version), len(m.chunk_hashes))
         return bitfield.common(ours, theirs.bitfield)
 
-    def _policy(self, version: int) -> UploadPolicy:
+    def _policy(self, store: VersionStore, version: int, variant: str) -> UploadPolicy:
         e = self.engine
-        if version not in self._policies:
-            n = len(e.store.manifests[version].chunk_hashes)
-            self._policies[version] = UploadPolicy(
+        key = (version, variant)
+        if key not in self._policies:
+            n = len(store.manifests[version].chunk_hashes)
+            self._policies[key] = UploadPolicy(
                 n, e.config.admitted(e.config.max_upload_mbit, seed=e.is_seed), e.is_seed
             )
-            for old in [v for v in self._policies if v not in e.store.manifests]:
+            for old in [k for k in self._policies if e.holding(*k) is None]:
                 del self._policies[old]
-        return self._policies[version]
+        return self._policies[key]

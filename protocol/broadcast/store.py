@@ -80,17 +80,23 @@ class VersionStore:
 
     def base_of(self, version: int) -> Manifest | None:
         """The manifest of the base ``version`` is an update against, if held
-        (and exactly that base: same manifest digest)."""
+        (and exactly that base, or a variant of it: ``updates.check_base``)."""
         m = self.manifests.get(version)
-        base = self.manifests.get(m.base_version) if m is not None else None
-        return base if base is not None and codec.digest(base) == m.base_digest else None
+        base = self.manifests.get(m.base_version) if m is not None and not updates.standalone(m) else None
+        if base is None:
+            return None
+        try:
+            updates.check_base(m, base)
+        except updates.UpdateRefused:
+            return None
+        return base
 
     def usable(self, version: int) -> bool:
         """Complete, and so is its base if it is an update: it can be rebuilt."""
         m = self.manifests.get(version)
         if m is None or not self.complete(version):
             return False
-        return m.base_version < 0 or self.base_of(version) is not None and self.complete(m.base_version)
+        return updates.standalone(m) or self.base_of(version) is not None and self.complete(m.base_version)
 
     def rebuild(self, version: int) -> bytes:
         """The full weights of a usable version (``protocol.updates.rebuild``)."""
@@ -103,7 +109,7 @@ class VersionStore:
 
     def _parts(self, version: int) -> tuple[Manifest, bytes, Manifest | None, bytes | None]:
         m = self.manifests[version]
-        base = self.base_of(version) if m.base_version >= 0 else None
+        base = None if updates.standalone(m) else self.base_of(version)
         return m, self.assemble(version), base, None if base is None else self.assemble(base.version)
 
     def read(self, version: int, idx: int) -> bytes | None:

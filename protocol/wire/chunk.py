@@ -27,9 +27,14 @@ from protocol.messages import (
     KiB,
     Manifest,
 )
-from protocol.schema import Bytes, Int, check
+from protocol.schema import Bytes, Int, Str, check
+from protocol.updates import VARIANTS
 
-PROTOCOL = "/echo-swarm/chunk/1.1.0"  # 1.1: manifests may name a base (updates)
+# 1.1: manifests may name a base (updates); 1.2: requests name a variant.
+PROTOCOL = "/echo-swarm/chunk/1.2.0"
+# What a request's ``variant`` may name: "" (a version as published) or the
+# format of one of its variants (``protocol.updates.VARIANTS``).
+VARIANT = Str(16, ("", *VARIANTS))
 
 # Error codes of this protocol (besides the shared unknown_job).
 UNKNOWN_VERSION = "unknown_version"  # no manifest of that version here
@@ -40,12 +45,14 @@ ASK_OTHERS = "ask_others"  # a neighbour holds it too: fetch it there (asking ag
 
 @dataclass(frozen=True)
 class ManifestRequest:
-    """Ask a peer for a signed manifest it holds (``version`` -1: its newest)."""
+    """Ask a peer for a signed manifest it holds (``version`` -1: its newest),
+    or for ``variant``, the manifest of that version's variant."""
 
     MAX_BYTES: ClassVar[int] = 1 * KiB
 
     job_id: str = field(metadata=check(JOB_ID))
     version: int = field(metadata=check(Int(-1, MAX_U53)))
+    variant: str = field(default="", metadata=check(VARIANT))
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,7 @@ class ChunkRequest:
     job_id: str = field(metadata=check(JOB_ID))
     version: int = field(metadata=check(VERSION))
     index: int = field(metadata=check(Int(0, MAX_CHUNKS - 1)))
+    variant: str = field(default="", metadata=check(VARIANT))
 
 
 @dataclass(frozen=True)

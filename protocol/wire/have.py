@@ -18,7 +18,7 @@ from protocol.framing import ByteStream
 from protocol.messages import JOB_ID, MAX_CHUNKS, MAX_U53, KiB
 from protocol.schema import Bytes, Int, check
 
-PROTOCOL = "/echo-swarm/have/1.0.0"
+PROTOCOL = "/echo-swarm/have/1.1.0"  # 1.1: base_digest
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,9 @@ class Have:
     version: int = field(metadata=check(Int(-1, MAX_U53)))
     manifest_digest: bytes = field(metadata=check(Bytes(0, 32)))
     bitfield: bytes = field(metadata=check(Bytes(0, MAX_CHUNKS // 8)))
+    # Following an update, the digest of the base manifest the sender holds in
+    # full (the base, or a variant of it); else empty.
+    base_digest: bytes = field(default=b"", metadata=check(Bytes(0, 32)))
 
 
 async def send(stream: ByteStream, have: Have) -> None:
