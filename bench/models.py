@@ -17,7 +17,9 @@ embeddings, q/k norms; random weights in bf16) trained with LoRA r16 by a
 real learner, with a llama.cpp q8_0 node and a torch f32 node, real
 processes on 127.0.0.1, short answers, until every node has ``--rollouts-per-node``
 rollouts accepted over at least ``--versions`` adapter versions. Prints
-``base_bytes_per_param``, ``adapter_over_base``, ``rollouts_checked`` and
+``base_bytes_per_param``, ``q8_base_bytes_per_param`` (the signed q8_0
+GGUF the q8_0 node fetches in place of the base), ``adapter_over_base``,
+``rollouts_checked`` and
 ``false_rejects`` per node, ``join_to_first_accepted_s``,
 ``node_tokens_per_s``, ``memory_estimate_error`` (|what the node's memory
 model says its peak is - its peak RSS| / peak RSS), ``node_peak_rss_gib``, ``learner_peak_rss_gib``,
@@ -130,17 +132,19 @@ def peak_rss_gib(pid: int) -> float:
     raise ValueError(f"no VmHWM for {pid}")
 
 
-def node_estimate_gib(config_json: str, backend: str, dtype: str, sequences: int, new_tokens: int) -> float:
+def node_estimate_gib(
+    config_json: str, backend: str, dtype: str, sequences: int, new_tokens: int, variant: str = ""
+) -> float:
     """What the node's memory model (echo_node/memory.py) says its peak is:
     loading a version beside the one in use (torch keeps that one as its
-    spare; llama.cpp loads its base once), one generate call, and the
-    headroom it keeps for its own Python heap."""
+    spare; llama.cpp loads its base once, from ``variant`` if it fetched
+    one), one generate call, and the headroom it keeps for its own Python heap."""
     from echo_node.guard import model_shape
     from echo_node.memory import HEADROOM, WEIGHT_BYTES, call_need, load_need
 
     shape = model_shape(config_json)
     in_use = shape.parameters * WEIGHT_BYTES[dtype] if backend == "torch" else 0
-    need = load_need(shape, backend, dtype) + call_need(shape, backend, sequences, 16, new_tokens)
+    need = load_need(shape, backend, dtype, variant) + call_need(shape, backend, sequences, 16, new_tokens)
     return (in_use + need.total + HEADROOM) / 2**30
 
 
@@ -241,8 +245,19 @@ def run_qwen3(args: argparse.Namespace, root: Path) -> dict:
         manifests = [
             codec.decode(p.read_bytes(), Manifest) for p in (swarm.root / "learner" / "weights").glob("*/manifests/*")
         ]
+        variants = [
+            codec.decode(p.read_bytes(), Manifest)
+            for p in (swarm.root / "learner" / "weights").glob("*/variants/manifests/*")
+        ]
+        # The form each node fetched the base in (its store's version 0).
+        held = {
+            i: codec.decode(path.read_bytes(), Manifest).format
+            for i in range(len(NODES))
+            for path in (swarm.root / f"node{i}" / "weights").glob("*/manifests/0.msgpack")
+        }
         codes = swarm.stop_all()
     base = next(m for m in manifests if m.format == "safetensors")
+    q8_base = next((m for m in variants if m.format == "gguf_q8_0"), None)
     adapters = [m.total_size for m in manifests if m.format == "lora"]
     per_node = {}
     for i, (backend, dtype) in enumerate(NODES):
@@ -250,8 +265,10 @@ def run_qwen3(args: argparse.Namespace, root: Path) -> dict:
         peer = next((p for p in peers.values() if p["backend"] == backend), None)
         mine = [r for r in rows if peer is not None and r[0] == peer["peer"]]
         first = min((r[5] for r in mine if r[3] == "accepted"), default=None)
-        estimate = node_estimate_gib(base.model_config, backend, dtype, 4 * 4, args.max_new_tokens)
+        variant = "gguf_q8_0" if held.get(i) == "gguf_q8_0" else ""
+        estimate = node_estimate_gib(base.model_config, backend, dtype, 4 * 4, args.max_new_tokens, variant)
         per_node[name] = {
+            "base_fetched_as": held.get(i),
             "rollouts_checked": sum(r[2] for r in mine),
             "false_rejects": sum(r[2] for r in mine if r[3] == "refused" and r[4] != "version_out_of_window"),
             "out_of_window": sum(r[2] for r in mine if r[4] == "version_out_of_window"),
@@ -266,6 +283,7 @@ def run_qwen3(args: argparse.Namespace, root: Path) -> dict:
     return {
         "params": params,
         "base_bytes_per_param": round(base.total_size / params, 3),
+        "q8_base_bytes_per_param": round(q8_base.total_size / params, 3) if q8_base else None,
         "adapter_over_base": round(max(adapters) / base.total_size, 4) if adapters else None,
         "targets_reached": reached,  # rollouts per node and versions, before --timeout-min
         "versions": len(steps),
