@@ -199,17 +199,18 @@ def train_step_s(model_dir: Path, max_new_tokens: int, steps: int = 3) -> float:
 def run_qwen3(args: argparse.Namespace, root: Path) -> dict:
     model_dir = root / "qwen3-0.6b"
     params = save_qwen3_0_6b(model_dir)
+    verbose = ("-v",) if args.verbose else ()
     with local_swarm(root / "swarm") as swarm:
         swarm.start_bootstrap()
         learner = swarm.start_learner(
             "--model", str(model_dir), "--lora", "16", "--lr", "2e-4", "--steps", "1000000",
             "--group-size", "4", "--prompts-per-step", "4", "--max-new-tokens", str(args.max_new_tokens),
-            "--torch-threads", "1",
+            "--torch-threads", "1", *verbose,
         )  # fmt: skip
         started = {}
         for i, (backend, dtype) in enumerate(NODES):
             started[i] = time.time()
-            swarm.start_node(i, "--backend", backend, "--dtype", dtype, "--threads", "1")
+            swarm.start_node(i, "--backend", backend, "--dtype", dtype, "--threads", "1", *verbose)
         ledger = swarm.root / "learner" / "ledger.sqlite"
         deadline = time.monotonic() + args.timeout_min * 60
         reached = False
@@ -307,6 +308,7 @@ def main() -> None:
     parser.add_argument("--timeout-min", type=float, default=45, help="part 2: give up after this long")
     parser.add_argument("--dir", type=Path, help="part 2: keep the swarm's files here (default: a temporary dir)")
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
+    parser.add_argument("-v", "--verbose", action="store_true", help="part 2: the processes log in detail")
     args = parser.parse_args()
     started = time.monotonic()
     result: dict = {}

@@ -185,15 +185,18 @@ class PromptPool:
                 self.on_lapsed(peer)
 
     def release(self, peer: str, prompt_ids: list[int]) -> None:
-        """``peer`` gives back the live prompts it holds among ``prompt_ids``:
-        they go to the next node that asks (not back to ``peer``), and are
-        not counted as lapsed."""
+        """``peer`` gives back the prompts it holds among ``prompt_ids``: none
+        is counted as lapsed (it answered, if too late), and the live ones go
+        to the next node that asks (not back to ``peer``)."""
         now = trio.current_time()
         for pid in prompt_ids:
             a = self.assignments.get(pid)
-            if a is not None and a.peer == peer and self._live(a, now):
-                a.deadline, a.lapse_charged = now - 1e-9, True
+            if a is None or a.peer != peer or a.answered:
+                continue
+            if self._live(a, now):
+                a.deadline = now - 1e-9
                 a.given_back.append(peer)
+            a.lapse_charged = True
         self._notify()
 
     def lookup(self, prompt_id: int) -> Assignment | None:

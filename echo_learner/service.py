@@ -49,6 +49,7 @@ from echo_learner.verify import Limits, Policies
 from protocol import codec
 from protocol.broadcast import bitfield
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
+from protocol.broadcast.serving import manifest_digest
 from protocol.broadcast.store import VersionStore
 from protocol.files import write_atomic
 from protocol.host import full_addrs
@@ -498,8 +499,12 @@ class Learner:
             )
 
     def _on_have(self, peer: str, have: Have) -> None:
-        m = self.engine.store.manifests.get(have.version) if self.engine else None
-        if m is None or have.job_id != self.job_id:
+        if self.engine is None or have.job_id != self.job_id:
+            return
+        # The version as published, or its variant (a q8_0 node's base).
+        held_as = (store.manifests.get(have.version) for store in (self.engine.store, self.engine.variants) if store)
+        m = next((m for m in held_as if m is not None and manifest_digest(m) == have.manifest_digest), None)
+        if m is None:
             return
         try:
             held = bitfield.decode(have.bitfield, len(m.chunk_hashes))

@@ -86,3 +86,20 @@ async def test_a_prompt_every_asking_peer_let_lapse_does_not_hold_up_the_round(a
     await trio.sleep(61)
     [fresh] = p.take("a", 1, version=0)  # both held it: a fresh prompt fills the slot
     assert fresh.prompt_id not in (first.prompt_id, second.prompt_id)
+
+
+async def test_a_batch_refused_after_the_round_moved_on_is_no_lapse(autojump_clock):
+    """Sync mode: the step finished without a slow node's prompt, the round
+    moved to the next version, then its batch came and was refused as out of
+    the window. It answered: its prompt must not lapse into a strike at the
+    deadline (an honest torch node was banned so, bench/models.py)."""
+    p = pool(2)
+    p.set_open(True)
+    struck = []
+    p.on_lapsed = struck.append
+    given = [a.prompt_id for a in p.take("slow", 1, version=0)]
+    p.set_open(True, min_version=1)  # the step was filled by others
+    p.release("slow", given)  # its batch, refused: version_out_of_window
+    await trio.sleep(61)
+    p.take("other", 2, version=1)
+    assert struck == []
