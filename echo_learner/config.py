@@ -110,8 +110,9 @@ class LearnerConfig(ConnectionSettings):
         hi=0.9,
     )
     lora_targets: str = setting(
-        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
-        "comma-separated names of the linear layers that get adapters (Llama's attention and MLP projections)",
+        "all-linear",
+        "comma-separated names of the linear layers that get adapters, or all-linear: every linear layer "
+        "of the decoder blocks, found in the model (the attention and MLP projections of any family)",
     )
     q8_base: bool = setting(
         True,

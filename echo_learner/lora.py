@@ -19,6 +19,9 @@ from safetensors.torch import save
 from protocol.families import wire_dtype
 from protocol.updates import lora_metadata
 
+# --lora-targets: every linear layer of the decoder blocks (``linear_layers``).
+ALL_LINEAR = "all-linear"
+
 WIRE_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
@@ -30,13 +33,16 @@ class LoraSettings:
     targets: tuple[str, ...]
 
     @classmethod
-    def from_config(cls, config) -> LoraSettings | None:  # type: ignore[no-untyped-def]
-        """The job's LoRA settings; None when it trains every weight (``--lora 0``)."""
+    def from_config(cls, config, model: torch.nn.Module) -> LoraSettings | None:  # type: ignore[no-untyped-def]
+        """The job's LoRA settings for ``model``; None when it trains every
+        weight (``--lora 0``)."""
         if not config.lora:
             return None
         targets = tuple(t.strip() for t in config.lora_targets.split(",") if t.strip())
         if not targets:
             raise ValueError("--lora-targets names no layer")
+        if targets == (ALL_LINEAR,):
+            targets = linear_layers(model)
         return cls(config.lora, config.lora_alpha or 2.0 * config.lora, config.lora_dropout, targets)
 
     @classmethod
@@ -92,6 +98,21 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
             for p in frozen.parameters():
                 p.copy_(p.to(dtype))
     return frozen
+
+
+def linear_layers(model: torch.nn.Module) -> tuple[str, ...]:
+    """The names of the linear layers in ``model``'s decoder blocks (every
+    family's attention and MLP projections), in the model's order: what
+    ``--lora-targets all-linear`` adapts, as PEFT's ``all-linear`` does (the
+    output head excluded). Named, so that checkpoints and the adapter files
+    nodes load say exactly which layers."""
+    names: dict[str, None] = {}
+    for path, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and ".layers." in f".{path}.":
+            names.setdefault(path.rsplit(".", 1)[-1], None)
+    if not names:
+        raise ValueError("--lora-targets all-linear: the model has no linear layers in its decoder blocks")
+    return tuple(names)
 
 
 def wrap(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:

@@ -99,7 +99,7 @@ class Learner:
         if config.train_procs > 1:
             check_train_procs(config.train_procs, self.device)
         model, self.tokenizer = load_model(config.model, config.seed)
-        self.lora = LoraSettings.from_config(config)
+        self.lora = LoraSettings.from_config(config, model)
         frozen_base = None
         if self.lora is not None:
             frozen_base = state_bytes(model)  # what nodes fetch once; adapters apply to it

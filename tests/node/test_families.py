@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from echo_learner.logprobs import grouped_logprobs
-from echo_learner.lora import LoraSettings, adapter_bytes, frozen_copy, state_bytes, wrap
+from echo_learner.lora import LoraSettings, adapter_bytes, frozen_copy, linear_layers, state_bytes, wrap
 from echo_learner.model import ModelError, config_json, load_model
 from echo_learner.tolerance import tolerance
 from echo_node.backend_choice import llama_installed
@@ -102,6 +102,17 @@ def test_a_lora_adapter_in_llama_cpp_equals_the_learners_peft_model(family, tmp_
     # The adapter moved the policy: the base alone is far from it.
     assert differences(base, backend, seed=2, batches=1)[0] > 0.05
     backend.close()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lora_targets_are_found_in_each_familys_model(family):
+    """``--lora-targets all-linear`` (the default): the decoder blocks' linear
+    layers, in the model's order, never the output head."""
+    assert linear_layers(tiny_model(family)) == (
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="no linear layers"):
+        linear_layers(torch.nn.Sequential(torch.nn.LayerNorm(4)))
 
 
 def test_a_bf16_model_travels_in_bf16_and_is_verified_as_published(tmp_path):
