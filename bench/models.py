@@ -136,7 +136,7 @@ def node_estimate_gib(
     config_json: str, backend: str, dtype: str, sequences: int, new_tokens: int, variant: str = ""
 ) -> float:
     """What the node's memory model (echo_node/memory.py) says its peak is:
-    loading a version beside the one in use (torch keeps that one as its
+    loading a LoRA version beside the one in use (torch keeps that one as its
     spare; llama.cpp loads its base once, from ``variant`` if it fetched
     one), one generate call, and the headroom it keeps for its own Python heap."""
     from echo_node.guard import model_shape
@@ -144,7 +144,9 @@ def node_estimate_gib(
 
     shape = model_shape(config_json)
     in_use = shape.parameters * WEIGHT_BYTES[dtype] if backend == "torch" else 0
-    need = load_need(shape, backend, dtype, variant) + call_need(shape, backend, sequences, 16, new_tokens)
+    need = load_need(shape, backend, dtype, variant=variant, lora=True) + call_need(
+        shape, backend, sequences, 16, new_tokens
+    )
     return (in_use + need.total + HEADROOM) / 2**30
 
 

@@ -68,19 +68,30 @@ def kv_bytes_per_token(shape: ModelShape) -> int:
     return 2 * shape.layers * shape.kv_heads * shape.head_dim * KV_BYTES  # keys and values
 
 
-def load_need(shape: ModelShape, backend: str, dtype: str, variant: str = "") -> Need:
+def load_need(shape: ModelShape, backend: str, dtype: str, *, variant: str = "", lora: bool = False) -> Need:
     """Building a version (while the one before still generates, and is
-    counted as in use): the model in ``dtype``, the published file (in the
-    model's own dtype, ``shape.wire_bytes`` a weight), its tensors being
-    converted (torch: loaded as published; llama.cpp: widened to f32 for the
-    GGUF export) and, for llama.cpp, the context's KV cache (allocated when
-    the model loads). A ``variant`` is a GGUF already in ``dtype``: the file
-    and the model only."""
+    counted as in use): the model in ``dtype`` and, for llama.cpp, the
+    context's KV cache (allocated when the model loads), with what it is
+    built from:
+
+    - the published file (in the model's own dtype, ``shape.wire_bytes`` a
+      weight) and its tensors being converted (torch: loaded as published;
+      llama.cpp: widened to f32 for the GGUF export);
+    - a ``variant``, a GGUF already in ``dtype``: the file, twice while its
+      chunks are joined;
+    - a ``lora`` version on torch: the base's tensors as published (kept
+      between versions) and the adapted matrices merged in f32.
+
+    Measured against the peak RSS of a Qwen3-0.6B-shaped swarm in
+    ``bench/models.py`` (docs/inference.md)."""
     if variant:
-        weights = int(shape.parameters * 2 * WEIGHT_BYTES[dtype])
+        per_weight = 3 * WEIGHT_BYTES[dtype]
+    elif lora and backend == "torch":
+        per_weight = WEIGHT_BYTES[dtype] + shape.wire_bytes + F32_BYTES
     else:
         converted = F32_BYTES if backend == "llama" else shape.wire_bytes
-        weights = int(shape.parameters * (WEIGHT_BYTES[dtype] + shape.wire_bytes + converted))
+        per_weight = WEIGHT_BYTES[dtype] + shape.wire_bytes + converted
+    weights = int(shape.parameters * per_weight)
     cache = kv_bytes_per_token(shape) * LLAMA_CELLS if backend == "llama" else 0
     return Need(weights=weights, cache=cache)
 
