@@ -33,7 +33,12 @@ tolerances for GPU rollouts are what is being tested, ``refused`` must stay
 there) for ``gpu_over_cpu``.
 There ``torch-auto`` runs torch in the GPU's dtype (bf16 where it has it).
 
+The llama.cpp node's decode loop (sampling in the decode graph, continuous
+batching) against llama.cpp alone: ``decode`` (``bench/decode_steps.py``;
+``--only decode`` runs just that part).
+
     python bench/inference.py --json
+    python bench/inference.py --only decode --json
     python bench/inference.py --device cuda --backends torch-auto,llama-f16 --node-backends torch-auto,llama-f16 --json
 """
 
@@ -52,6 +57,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from localswarm import SwarmError, local_swarm  # noqa: E402
 
@@ -284,6 +290,7 @@ def main() -> int:
     )
     parser.add_argument("--dir", type=Path, default=None, help="keep logs here (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--only", choices=("backends", "decode"), help="run one part (default: both)")
     args = parser.parse_args()
     args.backends = pairs(args.backends)
     args.node_backends = pairs(args.node_backends)
@@ -295,6 +302,14 @@ def main() -> int:
         return 2
     root = args.dir or Path(tempfile.mkdtemp(prefix="bench-inference-"))
     root.mkdir(parents=True, exist_ok=True)
+    decode = None
+    if args.only != "backends":
+        from decode_steps import bench_decode
+
+        decode = bench_decode(threads=1 if args.device == "cpu" else 4, root=root / "decode")
+        if args.only == "decode":
+            print(json.dumps({"device": args.device, "decode": decode}, indent=None if args.json else 2))
+            return 0
     results = []
     for label in args.models.split(","):
         if label == "default":
@@ -312,6 +327,7 @@ def main() -> int:
     ratios = {f"{r['model']} {key}": n["node_overhead_ratio"] for r in results for key, n in r["node"].items()}
     summary = {
         "device": args.device,
+        "decode": decode,
         "models": results,
         "node_overhead_ratio": ratios,
         "false_rejects": sum(n["refused"] for r in results for n in r["node"].values()),

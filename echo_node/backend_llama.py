@@ -1,30 +1,32 @@
 """Rollouts with llama.cpp: exact temperature sampling over raw logits.
 
-llama.cpp's samplers are made for chat (temperature 0.8, top-k 40, top-p 0.95,
-min-p 0.05 by default): they truncate the distribution, so the tokens would not
-come from the policy the learner trains and the log-probs would be wrong. We
-use llama.cpp only to compute logits and sample in numpy: each token is drawn
-from softmax(logits / T) over the whole vocabulary, and its log-prob is the
-log-softmax of those raw logits.
+llama.cpp's default samplers are made for chat (temperature 0.8, top-k 40,
+top-p 0.95, min-p 0.05): they truncate the distribution, so the tokens would
+not come from the policy the learner trains and the log-probs would be wrong.
+We sample with temperature and ``dist`` only: each token is drawn from
+softmax(logits / T) over the whole vocabulary, inside llama.cpp's decode
+graph, and its log-prob is that distribution's (``echo_node.llama_decode``,
+which also batches the sequences of every group continuously).
 
-A whole assignment decodes as one batch: each prompt is evaluated once, its
-KV cache is shared by the ``group_size`` sequences that continue it, and every
-step decodes one token of every unfinished sequence together.
+This module loads versions: a GGUF per version (exported here, or the
+learner's q8_0 variant), LoRA adapters on a base loaded once, and a context
+per version.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
-import numpy as np
 
 from echo_node.backend import Sample
 from echo_node.device import Device, cpu
+from echo_node.llama_decode import DecodeError, Generation, Timing
 from echo_node.memory import LLAMA_CELLS
 from protocol import updates
 from protocol.files import write_atomic
@@ -113,7 +115,10 @@ class LlamaBackend:
         self.loaded: Loaded | None = None
         self._base: Model | None = None  # the LoRA base model versions' adapters apply to
         self.prepared = 0  # numbers the files: a version never overwrites the one in use
-        self.rng = np.random.default_rng()  # OS entropy: samples must not be predictable
+        # Sampling seeds come from OS entropy (samples must not be
+        # predictable) unless a test fixes them.
+        self.seed: int | None = None
+        self.timing = Timing()  # of the last generate call
         # Files a previous run left (killed before it could delete them).
         for stale in work_dir.glob("policy-*.gguf*"):
             stale.unlink()
@@ -252,108 +257,25 @@ class LlamaBackend:
         temperature: float,
         stop_ids: tuple[int, ...],
     ) -> list[list[Sample]]:
-        """``group_size`` samples per prompt, each with its tokens' log-probs.
-
-        Prompts go through llama.cpp in chunks that fit its sequence and KV
-        limits; a sample ends after its first stop token, which it keeps.
-        """
+        """``group_size`` samples per prompt, each with its tokens' log-probs
+        (``echo_node.llama_decode``: continuous batching, each token sampled
+        in the decode graph); a sample ends after its first stop token, which
+        it keeps."""
         assert self.loaded is not None, "load weights before generating"
-        out: list[list[Sample]] = []
-        i = 0
-        while i < len(prompts):
-            chunk = self._chunk(prompts[i:], group_size, max_new_tokens)
-            out.extend(self._generate_chunk(chunk, group_size, max_new_tokens, temperature, stop_ids))
-            i += len(chunk)
-        return out
-
-    def _chunk(self, prompts: list[tuple[int, ...]], group_size: int, max_new_tokens: int) -> list[tuple[int, ...]]:
-        """The longest prefix of ``prompts`` whose sequences fit one context."""
-        assert self.loaded is not None
-        cells = 0
-        for n, p in enumerate(prompts):
-            cells += len(p) + group_size * max_new_tokens
-            if (n + 1) * group_size > MAX_SEQUENCES or cells > self.loaded.n_ctx:
-                if n == 0:
-                    raise LlamaError(
-                        f"one prompt of {len(p)} tokens with {group_size} x {max_new_tokens} new tokens "
-                        f"does not fit llama.cpp's context of {self.loaded.n_ctx}"
-                    )
-                return prompts[:n]
-        return prompts
-
-    def _generate_chunk(
-        self,
-        prompts: list[tuple[int, ...]],
-        group_size: int,
-        max_new_tokens: int,
-        temperature: float,
-        stop_ids: tuple[int, ...],
-    ) -> list[list[Sample]]:
-        assert self.loaded is not None
-        ctx = self.loaded.ctx
-        memory = llama_cpp.llama_get_memory(ctx)
-        llama_cpp.llama_memory_clear(memory, True)
-        # Each prompt on the first sequence of its group; logits of its last token.
-        entries = [
-            (tok, pos, p * group_size, pos == len(prompt) - 1)
-            for p, prompt in enumerate(prompts)
-            for pos, tok in enumerate(prompt)
-        ]
-        first = self._decode(entries)
-        for p in range(len(prompts)):
-            for g in range(1, group_size):
-                llama_cpp.llama_memory_seq_cp(memory, p * group_size, p * group_size + g, -1, -1)
-        n = len(prompts) * group_size
-        tokens: list[list[int]] = [[] for _ in range(n)]
-        logprobs: list[list[float]] = [[] for _ in range(n)]
-        logits = np.repeat(first, group_size, axis=0)  # every sample of a prompt starts alike
-        active = list(range(n))
-        stops = set(stop_ids)
-        for step in range(max_new_tokens):
-            picked, lps = self._sample(logits, temperature)
-            still = []
-            for seq, tok, lp in zip(active, picked.tolist(), lps.tolist()):
-                tokens[seq].append(tok)
-                logprobs[seq].append(lp)
-                if tok not in stops:
-                    still.append(seq)
-            active = still
-            if not active or step == max_new_tokens - 1:
-                break
-            logits = self._decode(
-                [(tokens[seq][-1], len(prompts[seq // group_size]) + step, seq, True) for seq in active]
-            )
-        samples = [Sample(tuple(t), tuple(lp)) for t, lp in zip(tokens, logprobs)]
-        return [samples[p * group_size : (p + 1) * group_size] for p in range(len(prompts))]
-
-    def _decode(self, entries: list[tuple[int, int, int, bool]]) -> np.ndarray:
-        """Decode ``(token, position, sequence, wants_logits)`` entries as one
-        batch; the logits rows of the entries that want them, in order."""
-        assert self.loaded is not None
-        batch = llama_cpp.llama_batch_init(len(entries), 0, 1)
+        generation = Generation(
+            self.loaded.ctx,
+            n_ctx=self.loaded.n_ctx,
+            max_sequences=MAX_SEQUENCES,
+            prompts=prompts,
+            group_size=group_size,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            stop_ids=stop_ids,
+            seed=self.seed if self.seed is not None else secrets.randbits(32),
+        )
         try:
-            for i, (tok, pos, seq, wants) in enumerate(entries):
-                batch.token[i] = tok
-                batch.pos[i] = pos
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = seq
-                batch.logits[i] = wants
-            batch.n_tokens = len(entries)
-            rc = llama_cpp.llama_decode(self.loaded.ctx, batch)
-            if rc != 0:
-                raise LlamaError(f"llama_decode failed with code {rc}")
-            rows = sum(1 for e in entries if e[3])
-            ptr = llama_cpp.llama_get_logits(self.loaded.ctx)
-            return np.ctypeslib.as_array(ptr, shape=(rows, self.loaded.n_vocab)).copy()
-        finally:
-            llama_cpp.llama_batch_free(batch)
-
-    def _sample(self, logits: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray]:
-        """One token per row from softmax(logits / T), and its log-prob (float64)."""
-        scaled = logits.astype(np.float64) / temperature
-        scaled -= scaled.max(axis=1, keepdims=True)
-        logp = scaled - np.log(np.exp(scaled).sum(axis=1, keepdims=True))
-        cdf = np.cumsum(np.exp(logp), axis=1)
-        u = self.rng.random(len(logits)) * cdf[:, -1]
-        picked = np.minimum((cdf < u[:, None]).sum(axis=1), logits.shape[1] - 1)
-        return picked, logp[np.arange(len(logits)), picked]
+            samples = generation.run()
+        except DecodeError as exc:
+            raise LlamaError(str(exc)) from exc
+        self.timing = generation.timing
+        return samples

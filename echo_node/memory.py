@@ -109,9 +109,10 @@ def call_need(shape: ModelShape, backend: str, sequences: int, prompt_tokens: in
     """One generate call of ``sequences`` sequences of up to ``prompt_tokens``
     + ``new_tokens`` tokens, beyond what the loaded model already holds."""
     if backend == "llama":
-        # The KV cache came with the model; each decode step's logits rows are
-        # copied out and sampled in float64 (a few copies).
-        return Need(buffers=sequences * shape.vocab * (4 + 3 * 8))
+        # The KV cache came with the model; llama.cpp's output buffer holds,
+        # per sampled row, the scaled logits, the probabilities (f32) and the
+        # candidate ids (int32) of the whole vocabulary (echo_node/llama_decode.py).
+        return Need(buffers=sequences * shape.vocab * (4 + 4 + 4))
     cache = kv_bytes_per_token(shape) * sequences * (prompt_tokens + new_tokens)
     # transformers' generate keeps every step's logits (output_logits); they
     # are then stacked, scaled and log-softmaxed: 4 copies, measured 3.9 at
