@@ -139,14 +139,14 @@ def node_estimate_gib(
     loading a LoRA version beside the one in use (torch keeps that one as its
     spare; llama.cpp loads its base once, from ``variant`` if it fetched
     one), one generate call, and the headroom it keeps for its own Python heap."""
+    from echo_node.backend_choice import spec_of
     from echo_node.guard import model_shape
     from echo_node.memory import HEADROOM, WEIGHT_BYTES, call_need, load_need
 
-    shape = model_shape(config_json)
-    in_use = shape.parameters * WEIGHT_BYTES[dtype] if backend == "torch" else 0
-    need = load_need(shape, backend, dtype, variant=variant, lora=True) + call_need(
-        shape, backend, sequences, 16, new_tokens
-    )
+    shape, spec = model_shape(config_json), spec_of(backend)
+    # A backend that merges adapters builds the next version beside the one in use.
+    in_use = shape.parameters * WEIGHT_BYTES[dtype] if spec.merges_lora else 0
+    need = load_need(shape, spec, dtype, variant=variant, lora=True) + call_need(shape, spec, sequences, 16, new_tokens)
     return (in_use + need.total + HEADROOM) / 2**30
 
 

@@ -20,11 +20,50 @@ against, and the learner recomputes them to verify the batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from echo_node.device import Device
 from protocol.wire.work import WorkAssignment
+
+if TYPE_CHECKING:
+    from echo_node.guard import ModelShape
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendSpec:
+    """What the node knows of a backend before running it, kept in the
+    backend's own module (its ``SPEC``; ``echo_node.backend_choice`` lists
+    them). Adding a backend is one such module, plus the learner's tolerance
+    rows for its dtypes (``echo_learner/tolerance.py``)."""
+
+    name: str  # as rollouts declare it; the learner's tolerance rows use it
+    title: str  # for people: "llama.cpp"
+    dtypes: tuple[str, ...]  # what --dtype may ask of it (besides auto)
+    # --dtype auto: the first of these whose model fits in memory (most exact
+    # first); a backend whose auto follows the device lists only its CPU dtype.
+    auto_dtypes: tuple[str, ...]
+    installed: Callable[[], bool]
+    install: str  # how to install it, when it is not
+    gpu_kinds: Callable[[], list[str]]  # GPU kinds it can use here, best first
+    no_gpu: Callable[[str], str]  # why it cannot use a GPU of that kind here
+    report: Callable[[], str]  # what is installed and where it can run, for ``echo-node doctor``
+    # Memory (echo_node.memory): bytes a weight takes while a version is
+    # converted for it (None: it loads tensors as published), KV cells its
+    # context allocates with the model (0: per generate call), whether it
+    # merges LoRA adapters into the weights (else it loads them as adapters),
+    # whether it offloads layers to a GPU (so fewer may fit), and what one
+    # generate call allocates (``call_need(shape, sequences, prompt_tokens, new_tokens)``).
+    converted_bytes: float | None
+    kv_cells: int
+    merges_lora: bool
+    offloads_layers: bool
+    call_need: Callable[[ModelShape, int, int, int], Any]  # -> echo_node.memory.Need
+    smaller: str = ""  # where to turn when its model does not fit
+    # The backend itself: make(dtype, threads, work_dir, device).
+    make: Callable[[str, int, Path, Device], Backend]
 
 
 @dataclass(frozen=True)
@@ -34,7 +73,8 @@ class Sample:
 
 
 class Backend(Protocol):
-    name: str  # as rollouts declare it: "torch" or "llama"
+    spec: BackendSpec
+    name: str  # as rollouts declare it (``spec.name``)
     dtype: str  # the precision its log-probs come from: "f32", "f16", "q8_0"
     auto_dtype: bool  # the node may set ``dtype`` to what fits (before the first prepare)
     device: Device  # where it generates

@@ -1,58 +1,74 @@
 """Choosing the inference backend for this machine (``--backend``, ``--dtype``, ``--device``).
 
-The choice knows the backends (``echo_node.backend_llama``, ``echo_node.backend_torch``,
-imported only when chosen); they know only the interface (``echo_node.backend``).
+Each backend's module says what it is (its ``SPEC``, ``echo_node.backend.BackendSpec``);
+``SPECS`` lists them, most preferred first: ``--backend auto`` takes the first
+one installed.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
-from echo_node.backend import Backend
-from echo_node.device import DeviceUnavailable, choose_device, default_threads
+from echo_node import backend_llama, backend_torch
+from echo_node.backend import Backend, BackendSpec
+from echo_node.device import Device, DeviceUnavailable, cpu, default_threads, gpu
 
-INSTALL_LLAMA = (
-    'llama.cpp is not installed: pip install "echo-swarm[llama]" (from the repository: '
-    "pip install -e '.[llama]'; it builds llama.cpp, which takes a few minutes)"
-)
+SPECS: tuple[BackendSpec, ...] = (backend_llama.SPEC, backend_torch.SPEC)
+BACKENDS = ("auto", *(s.name for s in SPECS))
+DTYPES = ("auto", *dict.fromkeys(d for s in SPECS for d in s.dtypes))
 
 
 class BackendUnavailable(RuntimeError):
     """The asked-for backend cannot run here; the message says what to do."""
 
 
+def spec_of(name: str) -> BackendSpec:
+    for spec in SPECS:
+        if spec.name == name:
+            return spec
+    raise BackendUnavailable(f"no backend {name!r}: the node knows {', '.join(s.name for s in SPECS)}")
+
+
 def llama_installed() -> bool:
-    return all(importlib.util.find_spec(m) is not None for m in ("llama_cpp", "gguf"))
+    return backend_llama.SPEC.installed()
 
 
 def choose(name: str, dtype: str, threads: int, work_dir: Path, device: str = "auto") -> tuple[Backend, str]:
-    """The backend to run and why it was chosen (``name``: auto, torch or
-    llama; ``dtype`` auto lets the node pick llama.cpp's from the job's model
-    and free memory; ``threads`` 0: physical cores minus one)."""
+    """The backend to run and why it was chosen (``name``: auto or a
+    backend's; ``dtype`` auto lets the backend pick from the job's model and
+    free memory, or from the device; ``threads`` 0: physical cores minus one)."""
     if name == "auto":
-        if llama_installed():
-            name, why = "llama", "auto: llama.cpp is installed"
-        else:
-            name, why = "torch", "auto: llama.cpp is not installed (pip install -e '.[llama]' to use it)"
+        spec = next(s for s in SPECS if s.installed())
+        skipped = "".join(f"; {s.install}" for s in SPECS[: SPECS.index(spec)])
+        why = f"auto: {spec.title} is installed{skipped}"
     else:
-        why = "asked for with --backend"
-    if name == "llama" and not llama_installed():
-        raise BackendUnavailable(INSTALL_LLAMA)
-    if name == "torch" and dtype not in ("auto", "f32", "bf16", "f16"):
-        raise BackendUnavailable(f"the torch backend runs f32, bf16 or f16, not {dtype} (use --backend llama)")
-    if name == "llama" and dtype not in ("auto", "f32", "f16", "q8_0"):
-        raise BackendUnavailable(f"the llama.cpp backend runs f32, f16 or q8_0, not {dtype} (use --backend torch)")
+        spec, why = spec_of(name), "asked for with --backend"
+    if not spec.installed():
+        raise BackendUnavailable(spec.install)
+    if dtype != "auto" and dtype not in spec.dtypes:
+        others = [s.name for s in SPECS if dtype in s.dtypes]
+        instead = f" (use --backend {others[0]})" if others else ""
+        runs = f"{', '.join(spec.dtypes[:-1])} or {spec.dtypes[-1]}"
+        raise BackendUnavailable(f"the {spec.title} backend runs {runs}, not {dtype}{instead}")
     try:
-        where, why_device = choose_device(device, name)
+        where, why_device = choose_device(device, spec)
     except DeviceUnavailable as exc:
         raise BackendUnavailable(str(exc)) from None
     threads = threads or default_threads()
     why = f"{why}; on {where.name} ({why_device}); CPU threads: {threads}"
-    if name == "llama":
-        from echo_node.backend_llama import LlamaBackend
+    return spec.make(dtype, threads, work_dir, where), why
 
-        return LlamaBackend(dtype, threads, work_dir, where), why
-    from echo_node.backend_torch import TorchBackend
 
-    return TorchBackend(threads, where, dtype), why
+def choose_device(asked: str, backend: BackendSpec) -> tuple[Device, str]:
+    """The device ``backend`` runs on for ``--device asked``, and why.
+    Raises ``DeviceUnavailable``."""
+    usable = backend.gpu_kinds()
+    if asked == "auto":
+        if usable:
+            return gpu(usable[0]), f"auto: {backend.name} can use the {usable[0]} GPU"
+        return cpu(), f"auto: no GPU {backend.name} can use here"
+    if asked == "cpu":
+        return cpu(), "asked for with --device"
+    if asked in usable:
+        return gpu(asked), "asked for with --device"
+    raise DeviceUnavailable(f"--device {asked}: {backend.no_gpu(asked)}")

@@ -16,44 +16,114 @@ per version.
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
+import importlib.util
 import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import llama_cpp
-
-from echo_node.backend import Sample
+from echo_node.backend import BackendSpec, Sample
 from echo_node.device import Device, cpu
-from echo_node.llama_decode import DecodeError, Generation, Timing
-from echo_node.memory import LLAMA_CELLS
+from echo_node.guard import ModelShape
+from echo_node.memory import Need
 from protocol import updates
 from protocol.files import write_atomic
 from protocol.gguf_export import f32_tensors, write_gguf
 from protocol.gguf_lora import write_lora_gguf
 
+if TYPE_CHECKING:
+    from echo_node.llama_decode import Timing
+
 # Sequences decoded together. With a unified KV cache every token attends over
 # the cells of all sequences (masked), so very wide batches get slower: on the
 # built-in model 256 sequences ran at ~0.5x the tokens/s of 32-64.
 MAX_SEQUENCES = 64
+LLAMA_CELLS = 4096  # the context: KV cells shared by one call's sequences
 GGML_TYPE_F32 = 0
 FLASH_ATTN_DISABLED = 0
+GPU_MARKERS = (("CUDA", "cuda"), ("ROCm", "cuda"), ("HIP", "cuda"), ("Metal", "mps"), ("Vulkan", "vulkan"))
 
 log = logging.getLogger(__name__)  # llama.cpp's own log, at DEBUG: shown with -v
 
 
-@llama_cpp.llama_log_callback
-def _forward_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    # llama.cpp prints its load log and harmless warnings (e.g. our 4096-cell
-    # context exceeds the tiny model's 64 training positions, which is total
-    # cells for all sequences, not one sequence's length) to stderr; keep them
-    # for -v only.
-    log.debug("%s", text.decode("utf-8", "replace").rstrip())
+def installed() -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in ("llama_cpp", "gguf"))
 
 
-llama_cpp.llama_log_set(_forward_log, ctypes.c_void_p(0))
-llama_cpp.llama_backend_init()
+# The ``llama`` extra is optional: without it this module still says what
+# the backend is (``SPEC``), and that it is not installed.
+if installed():
+    import llama_cpp
+
+    @llama_cpp.llama_log_callback
+    def _forward_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        # llama.cpp prints its load log and harmless warnings (e.g. our 4096-cell
+        # context exceeds the tiny model's 64 training positions, which is total
+        # cells for all sequences, not one sequence's length) to stderr; keep them
+        # for -v only.
+        log.debug("%s", text.decode("utf-8", "replace").rstrip())
+
+    llama_cpp.llama_log_set(_forward_log, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+
+
+def gpu_kind() -> str | None:
+    """The GPU backend the installed llama.cpp was built with, if any."""
+    if not installed() or not llama_cpp.llama_supports_gpu_offload():
+        return None
+    info = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
+    for marker, kind in GPU_MARKERS:
+        if marker in info:
+            return kind
+    return "cuda"  # offload works but names no backend we know: the common case
+
+
+def no_gpu(kind: str) -> str:
+    found = gpu_kind()
+    if found:
+        return f"the installed llama.cpp offloads to {found}, not {kind}"
+    return (
+        "the installed llama.cpp was built without GPU offload: reinstall llama-cpp-python with "
+        "CMAKE_ARGS=-DGGML_CUDA=on (or -DGGML_METAL=on, -DGGML_VULKAN=on; README, 'A gaming PC')"
+    )
+
+
+def call_need(shape: ModelShape, sequences: int, prompt_tokens: int, new_tokens: int) -> Need:
+    # The KV cache came with the model; llama.cpp's output buffer holds, per
+    # sampled row, the scaled logits, the probabilities (f32) and the
+    # candidate ids (int32) of the whole vocabulary (echo_node/llama_decode.py).
+    return Need(buffers=sequences * shape.vocab * (4 + 4 + 4))
+
+
+def report() -> str:
+    gpu = gpu_kind()
+    offload = f"GPU offload: {gpu}" if gpu else "CPU only: built without GPU offload"
+    return f"llama.cpp {importlib.metadata.version('llama-cpp-python')} ({offload})"
+
+
+SPEC = BackendSpec(
+    name="llama",
+    title="llama.cpp",
+    dtypes=("f32", "f16", "q8_0"),
+    auto_dtypes=("f32", "f16", "q8_0"),
+    installed=installed,
+    install=(
+        'llama.cpp is not installed: pip install "echo-swarm[llama]" (from the repository: '
+        "pip install -e '.[llama]'; it builds llama.cpp, which takes a few minutes)"
+    ),
+    gpu_kinds=lambda: [k for k in [gpu_kind()] if k],
+    no_gpu=no_gpu,
+    report=report,
+    converted_bytes=4,  # the GGUF export widens every tensor to f32 first
+    kv_cells=LLAMA_CELLS,
+    merges_lora=False,
+    offloads_layers=True,
+    call_need=call_need,
+    make=lambda dtype, threads, work_dir, device: LlamaBackend(dtype, threads, work_dir, device),
+)
 
 
 class LlamaError(RuntimeError):
@@ -96,7 +166,8 @@ class Loaded:
 
 
 class LlamaBackend:
-    name = "llama"
+    spec = SPEC
+    name = SPEC.name
 
     def __init__(
         self, dtype: str, threads: int, work_dir: Path, device: Device | None = None, context: int = LLAMA_CELLS
@@ -118,7 +189,7 @@ class LlamaBackend:
         # Sampling seeds come from OS entropy (samples must not be
         # predictable) unless a test fixes them.
         self.seed: int | None = None
-        self.timing = Timing()  # of the last generate call
+        self.timing: Timing | None = None  # of the last generate call
         # Files a previous run left (killed before it could delete them).
         for stale in work_dir.glob("policy-*.gguf*"):
             stale.unlink()
@@ -261,6 +332,8 @@ class LlamaBackend:
         (``echo_node.llama_decode``: continuous batching, each token sampled
         in the decode graph); a sample ends after its first stop token, which
         it keeps."""
+        from echo_node.llama_decode import DecodeError, Generation
+
         assert self.loaded is not None, "load weights before generating"
         generation = Generation(
             self.loaded.ctx,

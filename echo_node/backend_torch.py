@@ -9,8 +9,10 @@ import torch
 from safetensors.torch import load
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM, PreTrainedModel
 
-from echo_node.backend import Sample
-from echo_node.device import Device, cpu
+from echo_node.backend import BackendSpec, Sample
+from echo_node.device import Device, cpu, torch_gpu_kinds
+from echo_node.guard import ModelShape
+from echo_node.memory import Need, kv_bytes_per_token
 from protocol import updates
 from protocol.families import family_of
 
@@ -26,8 +28,45 @@ def auto_dtype(device: Device) -> str:
     return "f16" if device.kind == "mps" else "f32"
 
 
+def no_gpu(kind: str) -> str:
+    if kind == "vulkan":
+        return "torch does not run on Vulkan (use --backend llama with a Vulkan build of llama.cpp)"
+    needs = "a CUDA build of torch and an NVIDIA driver" if kind == "cuda" else "a Mac with Apple silicon"
+    return f"torch cannot use {kind} here: it needs {needs} (README, 'A gaming PC')"
+
+
+def call_need(shape: ModelShape, sequences: int, prompt_tokens: int, new_tokens: int) -> Need:
+    cache = kv_bytes_per_token(shape) * sequences * (prompt_tokens + new_tokens)
+    # transformers' generate keeps every step's logits (output_logits); they
+    # are then stacked, scaled and log-softmaxed: 4 copies, measured 3.9 at
+    # the peak (tests/node/test_memory.py), so 5.
+    buffers = sequences * new_tokens * shape.vocab * 4 * 5
+    return Need(cache=cache, buffers=buffers)
+
+
+SPEC = BackendSpec(
+    name="torch",
+    title="torch",
+    dtypes=tuple(TORCH_DTYPES),
+    auto_dtypes=("f32",),  # on the CPU; a GPU's auto dtype is auto_dtype(device)'s
+    installed=lambda: True,  # a dependency of the node itself
+    install="",
+    gpu_kinds=torch_gpu_kinds,
+    no_gpu=no_gpu,
+    report=lambda: f"torch {torch.__version__} ({', '.join(torch_gpu_kinds()) or 'CPU only'})",
+    converted_bytes=None,  # tensors load as published
+    kv_cells=0,
+    merges_lora=True,
+    offloads_layers=False,
+    call_need=call_need,
+    smaller=" (llama.cpp runs it smaller: --backend llama --dtype auto)",
+    make=lambda dtype, threads, work_dir, device: TorchBackend(threads, device, dtype),
+)
+
+
 class TorchBackend:
-    name = "torch"
+    spec = SPEC
+    name = SPEC.name
     auto_dtype = False  # the dtype follows the device (auto_dtype()), not free memory
     variant = ""  # it runs bases as published
 

@@ -22,17 +22,14 @@ class NodeConfig(ConnectionSettings):
     name: str = setting("", "display name on the learner's status page and leaderboard (<= 32 characters)")
     learner: str = setting("", "peer id of the learner to work for (default: the first found)")
     job_id: str = setting("", "job to work for (default: the learner's; an invite sets it)")
-    backend: str = setting(
-        "auto",
-        "inference backend (auto: llama.cpp when installed, else torch)",
-        choices=("auto", "torch", "llama"),
-    )
+    # Backends and their dtypes are each backend's own (echo_node.backend_choice
+    # checks them before anything starts).
+    backend: str = setting("auto", "inference backend: auto (llama.cpp when installed, else torch), llama or torch")
     dtype: str = setting(
         "auto",
         "weight precision. llama.cpp: f32, f16 or q8_0 (2x and 4x smaller, a little less "
         "exact: the learner allows for it); auto: the most exact that fits in memory. torch: f32, bf16 "
         "or f16; auto: f32 on the CPU, bf16 (else f16) on a GPU",
-        choices=("auto", "f32", "bf16", "f16", "q8_0"),
     )
     device: str = setting(
         "auto",

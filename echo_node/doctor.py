@@ -22,8 +22,6 @@ throwaway one otherwise.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -31,9 +29,9 @@ from pathlib import Path
 
 from libp2p.peer.peerinfo import PeerInfo
 
-from echo_node.backend_choice import BackendUnavailable, choose
+from echo_node.backend_choice import SPECS, BackendUnavailable, choose, spec_of
 from echo_node.config import NodeConfig
-from echo_node.device import Device, cpu, llama_gpu_kind, torch_gpu_kinds
+from echo_node.device import Device, cpu
 from echo_node.guard import Refused, model_shape
 from echo_node.memory import GiB, choose_dtype, free_bytes, gib, load_need
 from protocol.host import parse_peer_addr
@@ -61,15 +59,7 @@ def _mib(n: float) -> str:
 
 def check_backends(config: NodeConfig) -> Check:
     """What is installed, and where ``echo-node join`` would generate with these settings."""
-    found = []
-    if importlib.util.find_spec("llama_cpp") is not None:
-        gpu = llama_gpu_kind()
-        offload = f"GPU offload: {gpu}" if gpu else "CPU only: built without GPU offload"
-        found.append(f"llama.cpp {importlib.metadata.version('llama-cpp-python')} ({offload})")
-    if importlib.util.find_spec("torch") is not None:
-        import torch
-
-        found.append(f"torch {torch.__version__} ({', '.join(torch_gpu_kinds()) or 'CPU only'})")
+    found = [spec.report() for spec in SPECS if spec.installed()]
     if not found:
         return Check(
             "backends",
@@ -82,7 +72,7 @@ def check_backends(config: NodeConfig) -> Check:
     except BackendUnavailable as exc:
         return Check("backends", FAIL, f"{', '.join(found)}; {exc}", "change --backend or --device")
     active = f"{', '.join(found)}; generating with {backend.name}: {why}"
-    gpu_here = bool(llama_gpu_kind() or torch_gpu_kinds()) or _has_nvidia_gpu()
+    gpu_here = any(spec.gpu_kinds() for spec in SPECS if spec.installed()) or _has_nvidia_gpu()
     if backend.device.gpu or not gpu_here:
         return Check("backends", OK, active)
     return Check(
@@ -105,11 +95,11 @@ def check_memory(config: NodeConfig, model_config: str) -> Check:
         device: Device = backend.device
     except BackendUnavailable:
         backend, device = None, cpu()
-    name = backend.name if backend else "torch"
+    spec = backend.spec if backend else spec_of("torch")
     free = free_bytes(device, int(config.max_memory * GiB))
     try:
         shape = model_shape(model_config)
-        dtype = choose_dtype(shape, name, config.dtype, free)
+        dtype = choose_dtype(shape, spec, config.dtype, free)
     except Refused as exc:
         return Check(
             "memory",
@@ -117,11 +107,11 @@ def check_memory(config: NodeConfig, model_config: str) -> Check:
             str(exc),
             "close other programs, use --backend llama --dtype auto, or a machine with more memory",
         )
-    need = load_need(shape, name, dtype)
+    need = load_need(shape, spec, dtype)
     return Check(
         "memory",
         OK,
-        f"the model in {name} {dtype} needs about {need.describe()} to load; {gib(free)} free on {device.name}",
+        f"the model in {spec.name} {dtype} needs about {need.describe()} to load; {gib(free)} free on {device.name}",
     )
 
 

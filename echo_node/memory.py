@@ -23,7 +23,7 @@ from echo_node.device import Device, available_ram
 from echo_node.guard import ModelShape, Refused
 
 if TYPE_CHECKING:
-    from echo_node.backend import Backend
+    from echo_node.backend import Backend, BackendSpec
 
 MiB = 2**20
 GiB = 2**30
@@ -31,11 +31,8 @@ GiB = 2**30
 HEADROOM = 512 * MiB
 # What a weight takes in each dtype (q8_0: 32 int8 weights and one f16 scale).
 WEIGHT_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32}
-# --dtype auto on llama.cpp: the most exact that fits (the learner allows for each).
-LLAMA_DTYPES = ("f32", "f16", "q8_0")
-F32_BYTES = 4  # llama.cpp's GGUF export widens every tensor to f32 first
+F32_BYTES = 4
 KV_BYTES = 4  # both backends keep an f32 KV cache (exact log-probs; backend_llama.py)
-LLAMA_CELLS = 4096  # llama.cpp's context: KV cells shared by one call's sequences
 
 
 @dataclass(frozen=True)
@@ -68,7 +65,7 @@ def kv_bytes_per_token(shape: ModelShape) -> int:
     return 2 * shape.layers * shape.kv_heads * shape.head_dim * KV_BYTES  # keys and values
 
 
-def load_need(shape: ModelShape, backend: str, dtype: str, *, variant: str = "", lora: bool = False) -> Need:
+def load_need(shape: ModelShape, backend: BackendSpec, dtype: str, *, variant: str = "", lora: bool = False) -> Need:
     """Building a version (while the one before still generates, and is
     counted as in use): the model in ``dtype`` and, for llama.cpp, the
     context's KV cache (allocated when the model loads), with what it is
@@ -79,46 +76,38 @@ def load_need(shape: ModelShape, backend: str, dtype: str, *, variant: str = "",
       llama.cpp: widened to f32 for the GGUF export);
     - a ``variant``, a GGUF already in ``dtype``: the file, twice while its
       chunks are joined;
-    - a ``lora`` version on torch: the base's tensors as published (kept
-      between versions) and the adapted matrices merged in f32.
+    - a ``lora`` version on a backend that merges adapters (torch): the
+      base's tensors as published (kept between versions) and the adapted
+      matrices merged in f32.
 
     Measured against the peak RSS of a Qwen3-0.6B-shaped swarm in
     ``bench/models.py`` (docs/inference.md)."""
     if variant:
         per_weight = 3 * WEIGHT_BYTES[dtype]
-    elif lora and backend == "torch":
+    elif lora and backend.merges_lora:
         per_weight = WEIGHT_BYTES[dtype] + shape.wire_bytes + F32_BYTES
     else:
-        converted = F32_BYTES if backend == "llama" else shape.wire_bytes
+        converted = shape.wire_bytes if backend.converted_bytes is None else backend.converted_bytes
         per_weight = WEIGHT_BYTES[dtype] + shape.wire_bytes + converted
     weights = int(shape.parameters * per_weight)
-    cache = kv_bytes_per_token(shape) * LLAMA_CELLS if backend == "llama" else 0
+    cache = kv_bytes_per_token(shape) * backend.kv_cells
     return Need(weights=weights, cache=cache)
 
 
-def gpu_layers(shape: ModelShape, dtype: str, free: int) -> int:
-    """How many of the model's layers llama.cpp may offload to a GPU with
-    ``free`` bytes (-1: all of them)."""
+def gpu_layers(shape: ModelShape, dtype: str, free: int, cells: int) -> int:
+    """How many of the model's layers a backend that offloads layers may put
+    on a GPU with ``free`` bytes, with a KV cache of ``cells`` (-1: all of them)."""
     # Embeddings spread over the layers: an over-estimate, on the safe side.
-    per_layer = (shape.parameters * WEIGHT_BYTES[dtype] + kv_bytes_per_token(shape) * LLAMA_CELLS) / shape.layers
+    per_layer = (shape.parameters * WEIGHT_BYTES[dtype] + kv_bytes_per_token(shape) * cells) / shape.layers
     fit = int(free // per_layer)
     return -1 if fit >= shape.layers else fit
 
 
-def call_need(shape: ModelShape, backend: str, sequences: int, prompt_tokens: int, new_tokens: int) -> Need:
+def call_need(shape: ModelShape, backend: BackendSpec, sequences: int, prompt_tokens: int, new_tokens: int) -> Need:
     """One generate call of ``sequences`` sequences of up to ``prompt_tokens``
-    + ``new_tokens`` tokens, beyond what the loaded model already holds."""
-    if backend == "llama":
-        # The KV cache came with the model; llama.cpp's output buffer holds,
-        # per sampled row, the scaled logits, the probabilities (f32) and the
-        # candidate ids (int32) of the whole vocabulary (echo_node/llama_decode.py).
-        return Need(buffers=sequences * shape.vocab * (4 + 4 + 4))
-    cache = kv_bytes_per_token(shape) * sequences * (prompt_tokens + new_tokens)
-    # transformers' generate keeps every step's logits (output_logits); they
-    # are then stacked, scaled and log-softmaxed: 4 copies, measured 3.9 at
-    # the peak (tests/node/test_memory.py), so 5.
-    buffers = sequences * new_tokens * shape.vocab * 4 * 5
-    return Need(cache=cache, buffers=buffers)
+    + ``new_tokens`` tokens, beyond what the loaded model already holds
+    (the backend's ``BackendSpec.call_need``)."""
+    return backend.call_need(shape, sequences, prompt_tokens, new_tokens)
 
 
 def free_bytes(device: Device, max_memory: int) -> int:
@@ -141,38 +130,42 @@ def free_bytes(device: Device, max_memory: int) -> int:
     return max(0, free - HEADROOM)
 
 
-def choose_dtype(shape: ModelShape, backend: str, asked: str, free: int) -> str:
+def choose_dtype(shape: ModelShape, backend: BackendSpec, asked: str, free: int) -> str:
     """The dtype to run the model in: ``asked``, or with ``auto`` the most
-    exact llama.cpp dtype whose model and one sequence fit ``free``. Raises
-    ``Refused`` with what it would need."""
-    candidates = (LLAMA_DTYPES if backend == "llama" else ("f32",)) if asked == "auto" else (asked,)
-    for dtype in candidates:
+    exact of the backend's ``auto_dtypes`` whose model and one sequence fit
+    ``free``. Raises ``Refused`` with what it would need."""
+    for dtype in backend.auto_dtypes if asked == "auto" else (asked,):
         need = load_need(shape, backend, dtype) + call_need(shape, backend, 1, 0, 1)
         if need.total <= free:
             return dtype
-    smaller = "" if backend == "llama" else " (llama.cpp runs it smaller: --backend llama --dtype auto)"
     raise Refused(
         f"the job's model ({shape.parameters / 1e6:,.0f}M parameters) needs about "
-        f"{need.describe()} with {backend} {dtype}; {gib(free)} is free "
-        f"(--max-memory, less {gib(HEADROOM)} kept free){smaller}"
+        f"{need.describe()} with {backend.name} {dtype}; {gib(free)} is free "
+        f"(--max-memory, less {gib(HEADROOM)} kept free){backend.smaller}"
     )
 
 
 def fit_backend(backend: Backend, shape: ModelShape, free: int) -> Need:
     """Fit ``backend`` to a job's model:
-    its dtype (``auto``: the most exact that fits ``free``) and, for
-    llama.cpp on a GPU, the layers to offload. Raises ``Refused`` when
+    its dtype (``auto``: the most exact that fits ``free``) and, for a
+    backend that offloads layers to a GPU, how many. Raises ``Refused`` when
     nothing fits; returns what loading a version will need."""
-    dtype = choose_dtype(shape, backend.name, "auto" if backend.auto_dtype else backend.dtype, free)
+    dtype = choose_dtype(shape, backend.spec, "auto" if backend.auto_dtype else backend.dtype, free)
     if backend.auto_dtype:
         backend.dtype, backend.auto_dtype = dtype, False
-    if backend.name == "llama" and backend.device.gpu:
-        backend.gpu_layers = gpu_layers(shape, dtype, free)  # type: ignore[attr-defined]
-    return load_need(shape, backend.name, dtype)
+    if backend.spec.offloads_layers and backend.device.gpu:
+        backend.gpu_layers = gpu_layers(shape, dtype, free, backend.spec.kv_cells)  # type: ignore[attr-defined]
+    return load_need(shape, backend.spec, dtype)
 
 
 def prompts_per_call(
-    shape: ModelShape, backend: str, prompts: int, group_size: int, prompt_tokens: int, new_tokens: int, free: int
+    shape: ModelShape,
+    backend: BackendSpec,
+    prompts: int,
+    group_size: int,
+    prompt_tokens: int,
+    new_tokens: int,
+    free: int,
 ) -> int:
     """How many of an assignment's prompts to generate at once so that the
     call fits ``free``. Raises ``Refused`` when not even one group fits."""

@@ -327,7 +327,7 @@ class Node:
         longest = max(len(p.tokens) for p in work.prompts)
         return prompts_per_call(
             self.weights.shape,
-            self.backend.name,
+            self.backend.spec,
             len(work.prompts),
             work.group_size,
             longest,

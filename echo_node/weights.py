@@ -165,7 +165,7 @@ class Weights:
         file goes to the backend as it is: llama.cpp checks its tensors
         against the hyperparameters it carries."""
         shape = model_shape(config_json) if variant else check_version(config_json, weights)
-        need, free = load_need(shape, self.backend.name, self.backend.dtype, variant=variant), self.free()
+        need, free = load_need(shape, self.backend.spec, self.backend.dtype, variant=variant), self.free()
         if need.total > free:
             raise Refused(f"this version needs about {need.describe()}; {gib(free)} is free")
         try:

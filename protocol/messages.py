@@ -39,7 +39,10 @@ JOB_ID = Str(MAX_JOB_ID)
 VERSION = Int(0, MAX_U53)
 TIME_MS = Int(0, MAX_U53)
 TOKEN = Int(0, MAX_TOKEN_ID)
-BACKENDS = ("torch", "llama")
+# The node's inference backend, as the backend names itself (echo_node's
+# BackendSpec): any short name; the learner refuses rollouts of a backend and
+# dtype it has no tolerance for (unsupported_dtype).
+BACKEND = Str(16)
 DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_1")
 VERDICTS = ("accepted", "refused")
 # Whether a node can be dialled from outside (protocol.reachability, AutoNAT).

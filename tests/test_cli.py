@@ -54,8 +54,14 @@ def test_help_explains(module):
         (["echo_learner", "ledger"], "cannot read the ledger"),
         (["echo_learner", "export", "/tmp/echo-export-never-written"], "no checkpoint at"),
         (["echo_node", "credits", "--bootstrap", DEAD], "no node identity"),
-        (["echo_node", "join", "--bootstrap", DEAD, "--backend", "cuda"], "invalid choice"),
-        (["echo_node", "join", "--bootstrap", DEAD, "--dtype", "q2"], "invalid choice"),
+        (
+            ["echo_node", "join", "--bootstrap", DEAD, "--backend", "cuda"],
+            "no backend 'cuda': the node knows llama, torch",
+        ),
+        (
+            ["echo_node", "join", "--bootstrap", DEAD, "--backend", "llama", "--dtype", "q2"],
+            "runs f32, f16 or q8_0, not q2",
+        ),
         (
             ["echo_node", "join", "--bootstrap", DEAD, "--backend", "torch", "--dtype", "q8_0"],
             "torch backend runs f32, bf16 or f16",

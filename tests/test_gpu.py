@@ -17,7 +17,7 @@ from echo_learner.tolerance import tolerance
 from echo_learner.trainer import Objective, ScoredGroup, Trainer
 from echo_learner.verify import check_logprobs, logprob_error
 from echo_node.backend_choice import choose, llama_installed
-from echo_node.device import llama_gpu_kind
+from echo_node.backend_llama import gpu_kind as llama_gpu_kind
 from protocol.messages import UNSIGNED
 from protocol.wire.rollout import Completion, RolloutBatch, RolloutGroup
 from tests.learner.test_logprob_check import versions

@@ -18,7 +18,7 @@ from protocol import framing
 from protocol.errors import ProtocolError, StreamClosed
 from protocol.framing import ByteStream
 from protocol.messages import (
-    BACKENDS,
+    BACKEND,
     DEVICE_KINDS,
     DTYPES,
     JOB_ID,
@@ -67,7 +67,7 @@ class RolloutBatch:
     version: int = field(metadata=check(VERSION))
     peer_id: str = field(metadata=check(PEER_ID))
     nonce: bytes = field(metadata=check(Bytes(16, 16)))
-    backend: str = field(metadata=check(Str(16, BACKENDS)))
+    backend: str = field(metadata=check(BACKEND))
     dtype: str = field(metadata=check(Str(16, DTYPES)))
     # Where it was generated: the learner allows for that hardware's rounding
     # (backend, dtype and device together pick the log-prob tolerance).

@@ -15,7 +15,7 @@ from typing import ClassVar
 from protocol import framing
 from protocol.framing import ByteStream
 from protocol.messages import (
-    BACKENDS,
+    BACKEND,
     DEVICE_KINDS,
     DTYPES,
     JOB_ID,
@@ -51,7 +51,7 @@ class WorkRequest:
     job_id: str = field(metadata=check(JOB_ID))
     max_prompts: int = field(metadata=check(Int(1, MAX_PROMPTS)))
     held_version: int = field(metadata=check(Int(-1, MAX_U53)))
-    backend: str = field(metadata=check(Str(16, BACKENDS)))
+    backend: str = field(metadata=check(BACKEND))
     dtype: str = field(metadata=check(Str(16, DTYPES)))
     name: str = field(metadata=check(Str(MAX_NAME)))
     # What the node's AutoNAT check found; the learner shows it on the status

@@ -1,19 +1,27 @@
 """``--backend auto|torch|llama``: what is chosen, why, and what a user is told."""
 
+import dataclasses
+
 import pytest
 
-from echo_node import backend_choice
+from echo_node import backend_choice, backend_llama, backend_torch
 from echo_node.backend_choice import BackendUnavailable, choose, llama_installed
 
 
+def without_llama(monkeypatch):
+    """As on a machine without the ``llama`` extra."""
+    missing = dataclasses.replace(backend_llama.SPEC, installed=lambda: False)
+    monkeypatch.setattr(backend_choice, "SPECS", (missing, backend_torch.SPEC))
+
+
 def test_auto_falls_back_to_torch_and_says_why(monkeypatch, tmp_path):
-    monkeypatch.setattr(backend_choice, "llama_installed", lambda: False)
+    without_llama(monkeypatch)
     chosen, why = choose("auto", "f32", 1, tmp_path)
     assert chosen.name == "torch" and "not installed" in why and "[llama]" in why
 
 
 def test_asking_for_llama_without_it_explains_how_to_install(monkeypatch, tmp_path):
-    monkeypatch.setattr(backend_choice, "llama_installed", lambda: False)
+    without_llama(monkeypatch)
     with pytest.raises(BackendUnavailable, match=r"pip install .*\[llama\]"):
         choose("llama", "f32", 1, tmp_path)
 
@@ -51,15 +59,16 @@ def test_auto_takes_the_best_device_that_works_here(tmp_path):
 @pytest.mark.parametrize("backend_name", ["torch", "llama"])
 @pytest.mark.parametrize("kind", ["cuda", "mps", "vulkan"])
 def test_asking_for_a_missing_gpu_says_what_to_install(backend_name, kind, tmp_path):
-    from echo_node.device import DeviceUnavailable, choose_device, llama_gpu_kind, torch_gpu_kinds
+    from echo_node.backend_choice import choose_device, spec_of
+    from echo_node.device import DeviceUnavailable
 
     if backend_name == "llama" and not llama_installed():
         pytest.skip("llama.cpp not installed")
-    usable = torch_gpu_kinds() if backend_name == "torch" else [llama_gpu_kind()]
-    if kind in usable:
+    spec = spec_of(backend_name)
+    if kind in spec.gpu_kinds():
         pytest.skip(f"this machine has {kind} for {backend_name}")
     with pytest.raises(DeviceUnavailable, match="README|Vulkan|offloads to") as refused:
-        choose_device(kind, backend_name)
+        choose_device(kind, spec)
     assert f"--device {kind}" in str(refused.value)
 
 

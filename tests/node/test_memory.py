@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from echo_node.backend_choice import spec_of
+from echo_node.backend_llama import LLAMA_CELLS
 from echo_node.guard import Refused, model_shape
 from echo_node.memory import (
     call_need,
@@ -16,6 +18,8 @@ from echo_node.memory import (
     load_need,
     prompts_per_call,
 )
+
+LLAMA, TORCH = spec_of("llama"), spec_of("torch")
 
 # SmolLM2-135M-Instruct's shape (its GGUF's config), without loading it.
 SMOLLM2 = json.dumps(
@@ -41,6 +45,7 @@ from safetensors.torch import save
 from transformers import LlamaConfig, LlamaForCausalLM
 from echo_node.backend_torch import TorchBackend
 from echo_node.guard import model_shape
+from echo_node.backend_choice import spec_of
 from echo_node.memory import call_need
 
 prompts, group, new, vocab = (int(a) for a in sys.argv[1:5])
@@ -57,7 +62,7 @@ backend.generate([(1, 2, 3)] * prompts, group, 4, 1.0, ())  # allocator and kern
 before = psutil.Process().memory_info().rss
 backend.generate([tuple(range(1, 17))] * prompts, group, new, 1.0, ())  # no stop token: every token generated
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-need = call_need(model_shape(config_json), "torch", prompts * group, 16, new)
+need = call_need(model_shape(config_json), spec_of("torch"), prompts * group, 16, new)
 print(json.dumps({"grew": peak - before, "estimate": need.total}))
 """
 
@@ -79,42 +84,40 @@ def test_the_estimate_holds_what_torch_generation_really_allocates(prompts, grou
 
 def test_dtype_auto_takes_the_most_exact_that_fits():
     shape = model_shape(SMOLLM2)
-    need = {
-        d: (load_need(shape, "llama", d) + call_need(shape, "llama", 1, 0, 1)).total for d in ("f32", "f16", "q8_0")
-    }
+    need = {d: (load_need(shape, LLAMA, d) + call_need(shape, LLAMA, 1, 0, 1)).total for d in ("f32", "f16", "q8_0")}
     assert need["f32"] > need["f16"] > need["q8_0"]
-    assert choose_dtype(shape, "llama", "auto", need["f32"]) == "f32"
-    assert choose_dtype(shape, "llama", "auto", need["f32"] - 1) == "f16"
-    assert choose_dtype(shape, "llama", "auto", need["f16"] - 1) == "q8_0"
+    assert choose_dtype(shape, LLAMA, "auto", need["f32"]) == "f32"
+    assert choose_dtype(shape, LLAMA, "auto", need["f32"] - 1) == "f16"
+    assert choose_dtype(shape, LLAMA, "auto", need["f16"] - 1) == "q8_0"
     with pytest.raises(Refused, match=r"needs about .* \(weights .* with llama q8_0; .* is free"):
-        choose_dtype(shape, "llama", "auto", need["q8_0"] - 1)
+        choose_dtype(shape, LLAMA, "auto", need["q8_0"] - 1)
     # An explicit dtype is checked, never changed; torch is told where smaller lives.
     with pytest.raises(Refused, match="with llama f32"):
-        choose_dtype(shape, "llama", "f32", need["f32"] - 1)
-    torch_f32 = (load_need(shape, "torch", "f32") + call_need(shape, "torch", 1, 0, 1)).total
-    assert choose_dtype(shape, "torch", "auto", torch_f32) == "f32"
+        choose_dtype(shape, LLAMA, "f32", need["f32"] - 1)
+    torch_f32 = (load_need(shape, TORCH, "f32") + call_need(shape, TORCH, 1, 0, 1)).total
+    assert choose_dtype(shape, TORCH, "auto", torch_f32) == "f32"
     with pytest.raises(Refused, match="--backend llama --dtype auto"):
-        choose_dtype(shape, "torch", "auto", torch_f32 - 1)
+        choose_dtype(shape, TORCH, "auto", torch_f32 - 1)
 
 
 def test_an_assignment_is_generated_in_calls_that_fit():
     shape = model_shape(SMOLLM2)
-    one = call_need(shape, "torch", 16, 40, 256).total  # one prompt's group of 16 long answers
+    one = call_need(shape, TORCH, 16, 40, 256).total  # one prompt's group of 16 long answers
     assert one > 2**30  # torch keeps every step's logits: over a GiB for one group
-    assert prompts_per_call(shape, "torch", 8, 16, 40, 256, free=8 * one) == 8
-    assert prompts_per_call(shape, "torch", 8, 16, 40, 256, free=int(2.5 * one)) == 2
+    assert prompts_per_call(shape, TORCH, 8, 16, 40, 256, free=8 * one) == 8
+    assert prompts_per_call(shape, TORCH, 8, 16, 40, 256, free=int(2.5 * one)) == 2
     with pytest.raises(Refused, match="one prompt's group of 16 x 256 tokens needs about"):
-        prompts_per_call(shape, "torch", 8, 16, 40, 256, free=one - 1)
+        prompts_per_call(shape, TORCH, 8, 16, 40, 256, free=one - 1)
     # llama.cpp's KV cache comes with the model: a call needs only logits rows.
-    assert prompts_per_call(shape, "llama", 8, 16, 40, 256, free=one) == 8
+    assert prompts_per_call(shape, LLAMA, 8, 16, 40, 256, free=one) == 8
 
 
 def test_gpu_offload_takes_the_layers_that_fit():
     shape = model_shape(SMOLLM2)
-    whole = load_need(shape, "llama", "f16").total
-    assert gpu_layers(shape, "f16", 10 * whole) == -1  # all of them
-    assert 0 < gpu_layers(shape, "f16", whole // 4) < shape.layers
-    assert gpu_layers(shape, "f16", 0) == 0
+    whole = load_need(shape, LLAMA, "f16").total
+    assert gpu_layers(shape, "f16", 10 * whole, LLAMA_CELLS) == -1  # all of them
+    assert 0 < gpu_layers(shape, "f16", whole // 4, LLAMA_CELLS) < shape.layers
+    assert gpu_layers(shape, "f16", 0, LLAMA_CELLS) == 0
 
 
 def test_a_node_refuses_a_job_its_memory_cannot_hold(swarm_factory):
