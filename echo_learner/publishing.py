@@ -14,6 +14,8 @@ the same whoever rebuilds it.
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import tempfile
 from pathlib import Path
 
@@ -24,8 +26,11 @@ from protocol import manifest
 from protocol.broadcast.store import VersionStore
 from protocol.gguf_export import f32_tensors, write_gguf
 from protocol.identity import Identity
+from protocol.logs import event
 from protocol.messages import Manifest
 from protocol.updates import DELTA, FULL, LORA, Q8_GGUF, digest, encode_delta, merge_lora
+
+log = logging.getLogger(__name__)
 
 
 class Publisher:
@@ -84,6 +89,13 @@ class Publisher:
         """The variants ``base`` (the LoRA base) is published in besides itself:
         its q8_0 GGUF when ``q8_base`` (written under ``scratch`` on the way)."""
         if not self.q8_base:
+            return []
+        if importlib.util.find_spec("gguf") is None:
+            event(
+                log,
+                logging.WARNING,
+                "not publishing a q8_0 base: the gguf package is missing (pip install 'echo-swarm[llama]')",
+            )
             return []
         assert self.frozen_base is not None and base.weights_digest == digest(self.frozen_base)
         with tempfile.TemporaryDirectory(dir=scratch) as tmp:
