@@ -1,21 +1,28 @@
 """Choosing the inference backend for this machine (``--backend``, ``--dtype``, ``--device``).
 
 Each backend's module says what it is (its ``SPEC``, ``echo_node.backend.BackendSpec``);
-``SPECS`` lists them, most preferred first: ``--backend auto`` takes the first
+``MODULES`` lists them, most preferred first: ``--backend auto`` takes the first
 one installed.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator
 from pathlib import Path
 
-from echo_node import backend_llama, backend_torch
 from echo_node.backend import Backend, BackendSpec
 from echo_node.device import Device, DeviceUnavailable, cpu, default_threads, gpu
 
-SPECS: tuple[BackendSpec, ...] = (backend_llama.SPEC, backend_torch.SPEC)
-BACKENDS = ("auto", *(s.name for s in SPECS))
-DTYPES = ("auto", *dict.fromkeys(d for s in SPECS for d in s.dtypes))
+# Imported as they are needed: choosing llama.cpp does not import torch and
+# transformers (4 s of a node's start on 2 cores).
+MODULES = ("echo_node.backend_llama", "echo_node.backend_torch")
+
+
+def specs() -> Iterator[BackendSpec]:
+    """Every backend's spec, most preferred first."""
+    for module in MODULES:
+        yield importlib.import_module(module).SPEC
 
 
 class BackendUnavailable(RuntimeError):
@@ -23,14 +30,14 @@ class BackendUnavailable(RuntimeError):
 
 
 def spec_of(name: str) -> BackendSpec:
-    for spec in SPECS:
+    for spec in specs():
         if spec.name == name:
             return spec
-    raise BackendUnavailable(f"no backend {name!r}: the node knows {', '.join(s.name for s in SPECS)}")
+    raise BackendUnavailable(f"no backend {name!r}: the node knows {', '.join(s.name for s in specs())}")
 
 
 def llama_installed() -> bool:
-    return backend_llama.SPEC.installed()
+    return spec_of("llama").installed()
 
 
 def choose(name: str, dtype: str, threads: int, work_dir: Path, device: str = "auto") -> tuple[Backend, str]:
@@ -38,15 +45,18 @@ def choose(name: str, dtype: str, threads: int, work_dir: Path, device: str = "a
     backend's; ``dtype`` auto lets the backend pick from the job's model and
     free memory, or from the device; ``threads`` 0: physical cores minus one)."""
     if name == "auto":
-        spec = next(s for s in SPECS if s.installed())
-        skipped = "".join(f"; {s.install}" for s in SPECS[: SPECS.index(spec)])
-        why = f"auto: {spec.title} is installed{skipped}"
+        skipped = []
+        for spec in specs():
+            if spec.installed():
+                break
+            skipped.append(f"; {spec.install}")
+        why = f"auto: {spec.title} is installed{''.join(skipped)}"
     else:
         spec, why = spec_of(name), "asked for with --backend"
     if not spec.installed():
         raise BackendUnavailable(spec.install)
     if dtype != "auto" and dtype not in spec.dtypes:
-        others = [s.name for s in SPECS if dtype in s.dtypes]
+        others = [s.name for s in specs() if dtype in s.dtypes]
         instead = f" (use --backend {others[0]})" if others else ""
         runs = f"{', '.join(spec.dtypes[:-1])} or {spec.dtypes[-1]}"
         raise BackendUnavailable(f"the {spec.title} backend runs {runs}, not {dtype}{instead}")

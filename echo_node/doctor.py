@@ -29,7 +29,7 @@ from pathlib import Path
 
 from libp2p.peer.peerinfo import PeerInfo
 
-from echo_node.backend_choice import SPECS, BackendUnavailable, choose, spec_of
+from echo_node.backend_choice import BackendUnavailable, choose, spec_of, specs
 from echo_node.config import NodeConfig
 from echo_node.device import Device, cpu
 from echo_node.guard import Refused, model_shape
@@ -59,7 +59,7 @@ def _mib(n: float) -> str:
 
 def check_backends(config: NodeConfig) -> Check:
     """What is installed, and where ``echo-node join`` would generate with these settings."""
-    found = [spec.report() for spec in SPECS if spec.installed()]
+    found = [spec.report() for spec in specs() if spec.installed()]
     if not found:
         return Check(
             "backends",
@@ -72,7 +72,7 @@ def check_backends(config: NodeConfig) -> Check:
     except BackendUnavailable as exc:
         return Check("backends", FAIL, f"{', '.join(found)}; {exc}", "change --backend or --device")
     active = f"{', '.join(found)}; generating with {backend.name}: {why}"
-    gpu_here = any(spec.gpu_kinds() for spec in SPECS if spec.installed()) or _has_nvidia_gpu()
+    gpu_here = any(spec.gpu_kinds() for spec in specs() if spec.installed()) or _has_nvidia_gpu()
     if backend.device.gpu or not gpu_here:
         return Check("backends", OK, active)
     return Check(

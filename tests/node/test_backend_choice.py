@@ -11,7 +11,7 @@ from echo_node.backend_choice import BackendUnavailable, choose, llama_installed
 def without_llama(monkeypatch):
     """As on a machine without the ``llama`` extra."""
     missing = dataclasses.replace(backend_llama.SPEC, installed=lambda: False)
-    monkeypatch.setattr(backend_choice, "SPECS", (missing, backend_torch.SPEC))
+    monkeypatch.setattr(backend_choice, "specs", lambda: iter((missing, backend_torch.SPEC)))
 
 
 def test_auto_falls_back_to_torch_and_says_why(monkeypatch, tmp_path):
