@@ -1,28 +1,29 @@
 """Choosing the inference backend for this machine (``--backend``, ``--dtype``, ``--device``).
 
 Each backend's module says what it is (its ``SPEC``, ``echo_node.backend.BackendSpec``);
-``MODULES`` lists them, most preferred first: ``--backend auto`` takes the first
+``specs()`` lists them, most preferred first: ``--backend auto`` takes the first
 one installed.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
 from echo_node.backend import Backend, BackendSpec
 from echo_node.device import Device, DeviceUnavailable, cpu, default_threads, gpu
 
-# Imported as they are needed: choosing llama.cpp does not import torch and
-# transformers (4 s of a node's start on 2 cores).
-MODULES = ("echo_node.backend_llama", "echo_node.backend_torch")
-
 
 def specs() -> Iterator[BackendSpec]:
-    """Every backend's spec, most preferred first."""
-    for module in MODULES:
-        yield importlib.import_module(module).SPEC
+    """Every backend's spec, most preferred first, each module imported only
+    when reached: choosing llama.cpp does not import torch and transformers
+    (4 s of a node's start on 2 cores)."""
+    from echo_node.backend_llama import SPEC as LLAMA
+
+    yield LLAMA
+    from echo_node.backend_torch import SPEC as TORCH
+
+    yield TORCH
 
 
 class BackendUnavailable(RuntimeError):
