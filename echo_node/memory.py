@@ -31,7 +31,7 @@ GiB = 2**30
 HEADROOM = 512 * MiB
 # What a weight takes in each dtype (q8_0: 32 int8 weights and one f16 scale).
 WEIGHT_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32}
-F32_BYTES = 4
+F32_BYTES = 4  # a weight widened to f32 (llama.cpp's export; torch's merged LoRA matrices)
 KV_BYTES = 4  # both backends keep an f32 KV cache (exact log-probs; backend_llama.py)
 
 
