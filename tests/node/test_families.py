@@ -44,6 +44,10 @@ def prompts(rng, n=4):
 def differences(model, backend, seed, batches=2):
     """Worst and mean |llama.cpp - learner| log-prob over sampled tokens, their count, and the mean surprise."""
     rng = random.Random(seed)
+    # Sampled tokens from a fixed seed: the worst of ~1,000 tokens has a long
+    # tail (7.7e-4 at f32 once in 300 draws here, 1.2e-3 once in CI), so a
+    # fresh draw each run made the bound a coin toss instead of a check.
+    backend.seed = seed
     diffs, surprise = [], []
     for _ in range(batches):
         ps = prompts(rng)
