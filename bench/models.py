@@ -53,8 +53,9 @@ from plausibility import EOS, GROUP, PAD, as_batch, backend_for, prompts_for  # 
 
 from echo_learner.lora import state_bytes  # noqa: E402
 from echo_learner.model import config_json  # noqa: E402
+from echo_learner.recompute import logprob_error  # noqa: E402
 from echo_learner.tolerance import tolerance  # noqa: E402
-from echo_learner.verify import check_logprobs, logprob_error  # noqa: E402
+from echo_learner.verify import check_logprobs  # noqa: E402
 from protocol import codec  # noqa: E402
 from protocol.messages import Manifest  # noqa: E402
 from tests.families import FAMILIES, tiny_model  # noqa: E402

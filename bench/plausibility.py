@@ -36,9 +36,10 @@ sys.path.insert(0, str(ROOT))
 
 from echo_learner.logprobs import grouped_logprobs  # noqa: E402
 from echo_learner.model import ModelShape, build_model, config_json  # noqa: E402
+from echo_learner.recompute import logprob_error  # noqa: E402
 from echo_learner.tolerance import tolerance  # noqa: E402
 from echo_learner.trainer import Objective, Trainer  # noqa: E402
-from echo_learner.verify import check_logprobs, logprob_error  # noqa: E402
+from echo_learner.verify import check_logprobs  # noqa: E402
 from protocol.messages import UNSIGNED  # noqa: E402
 from protocol.wire.rollout import Completion, RolloutBatch, RolloutGroup  # noqa: E402
 

@@ -167,6 +167,12 @@ class LearnerConfig(ConnectionSettings):
         lo=0.1,
     )
     long_poll_s: float = setting(10.0, "seconds a work request waits for prompts before the answer 'no work'", lo=0)
+    max_waiting_requests: int = setting(
+        256,
+        "work requests held open at once, from all peers; past it, a request that finds no prompts open "
+        "is answered 'no work' at once, with the time to ask again",
+        lo=1,
+    )
     # 512 KiB: a chunk crosses each relay hop in half the time of 1 MiB, which
     # shortens the broadcast's tail in large swarms (docs/broadcast.md).
     chunk_size: int = setting(512 * 1024, "bytes per weight chunk", lo=1024, hi=4 * 1024 * 1024)
@@ -198,6 +204,13 @@ class LearnerConfig(ConnectionSettings):
         "most memory one forward pass may spend on logits: training and verification split batches "
         "of long answers into parts that fit",
         lo=16,
+    )
+    verify_batch: int = setting(
+        32,
+        "most rollout batches of one version whose log-probs are recomputed in one forward pass "
+        "(1: each batch on its own)",
+        lo=1,
+        hi=1024,
     )
     checkpoint_every: int = setting(10, "write a checkpoint every N steps", lo=1)
     resume: bool = setting(False, "continue from the checkpoint in --data-dir")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -23,9 +24,11 @@ from libp2p.abc import INetStream
 from echo_learner import fairness
 from echo_learner.capacity import CapacityMeter, window_left_s
 from echo_learner.config import LearnerConfig
+from echo_learner.cpu_split import CpuSplit
 from echo_learner.ledger import CREDIT_PER_TOKEN, Ledger, Row
 from echo_learner.peers import PeerBook, PeerStats
 from echo_learner.pool import Assignment, PromptPool, Rollouts
+from echo_learner.recompute import Pass, Recomputer
 from echo_learner.sizing import DEADLINE_SHARE, Worker, prompts_for
 from echo_learner.tasks.base import Task
 from echo_learner.trainer import ScoredGroup
@@ -44,6 +47,8 @@ from protocol.wire.work import NoWork, Prompt, WorkAssignment, WorkRequest
 log = logging.getLogger(__name__)
 
 REFUSALS_PER_STRIKE = 10
+# The longest a busy learner tells a node to wait before asking again.
+MAX_RETRY_S = 60.0
 
 
 def now_ms() -> int:
@@ -93,11 +98,21 @@ class Ingest:
         self.meter = meter
         self.current_version = current_version
         self.counters = Counters()
+        self.cpu = CpuSplit()
+        self.recomputer = Recomputer(
+            policies.get,
+            pad_id=pad_id,
+            max_logit_bytes=limits.max_logit_bytes,
+            temperature=limits.temperature,
+            max_batches=config.verify_batch,
+            on_pass=self._recomputed,
+        )
         self.contributors: set[str] = set()
         # Nonces of batches being verified right now: a copy sent while the
         # first is in its log-prob check must not pass the replay check.
         self._verifying: set[tuple[str, bytes]] = set()
         self._asking: Counter[str] = Counter()  # work requests under way per peer
+        self._waiting = 0  # work requests waiting for the pool to change
         # Work requests refused for being over the limit, per peer (bounded:
         # cleared past max_peers_tracked peers).
         self._refusals: Counter[str] = Counter()
@@ -138,9 +153,22 @@ class Ingest:
             if not self._asking[peer]:
                 del self._asking[peer]
 
+    def _retry_after_ms(self) -> int:
+        """When a request turned away for a full waiting room should come back:
+        about when the prompts the waiting ones will take have been handed
+        out (at the learner's measured pace), spread over +-25 % so that they
+        do not all come back in the same second."""
+        cfg, meter = self.config, self.meter
+        per_s = cfg.prompts_per_step / meter.step_period_s if meter.step_period_s > 0 else 0.0
+        wait_s = self._waiting / per_s if per_s > 0 else cfg.long_poll_s
+        return int(min(max(wait_s, 1.0), MAX_RETRY_S) * random.uniform(0.75, 1.25) * 1000)
+
     async def _long_poll(self, peer: str, req: WorkRequest) -> work.Reply:
         """Answer ``req`` with prompts as soon as ``peer`` may have some, or with
-        NoWork after ``long_poll_s``."""
+        NoWork after ``long_poll_s`` (at once, with a time to come back, when
+        ``max_waiting_requests`` are waiting already: each waiting request
+        looks again at every change of the pool, which costs the learner more
+        than a quick answer when a crowd waits)."""
         with trio.move_on_after(self.config.long_poll_s):
             while True:
                 if self.peers.banned(peer):  # checked again after each wait: bans come mid-wait
@@ -155,15 +183,26 @@ class Ingest:
                 if taken:
                     self.peers.seen(peer).assigned += len(taken)
                     return self._assignment(version, oldest, taken)
-                if self._provisional(peer):
-                    # A newcomer looks again only every newcomer_retry_s: a
-                    # crowd of them woken at every pool change would cost the
-                    # learner more than they bring.
-                    await trio.sleep(self.config.newcomer_retry_s)
-                    continue
-                # An expiring prompt frees room too, and nothing announces it.
-                with trio.move_on_at(self.pool.next_expiry() + 0.01):
-                    await self.pool.wait_changed()
+                if self._waiting >= self.config.max_waiting_requests:
+                    return NoWork(
+                        self.job_id,
+                        max(version, 0),
+                        retry_after_ms=self._retry_after_ms(),
+                        reason="busy: too many waiting; ask again after retry_after_ms",
+                    )
+                self._waiting += 1
+                try:
+                    if self._provisional(peer):
+                        # A newcomer looks again only every newcomer_retry_s: a
+                        # crowd of them woken at every pool change would cost the
+                        # learner more than they bring.
+                        await trio.sleep(self.config.newcomer_retry_s)
+                        continue
+                    # An expiring prompt frees room too, and nothing announces it.
+                    with trio.move_on_at(self.pool.next_expiry() + 0.01):
+                        await self.pool.wait_changed()
+                finally:
+                    self._waiting -= 1
         return NoWork(self.job_id, max(self.current_version(), 0), retry_after_ms=0, reason="no prompts open")
 
     def _lapsed(self, peer: str) -> None:
@@ -291,8 +330,15 @@ class Ingest:
     async def handle_rollouts(self, stream: INetStream) -> None:
         sender = remote_peer(stream)
         await rollout.answer(
-            stream, lambda batch: self._judge(sender, batch), lambda exc: self._record_malformed(sender, exc)
+            stream,
+            lambda batch: self._judge(sender, batch),
+            lambda exc: self._record_malformed(sender, exc),
+            on_decoded=lambda seconds: self.cpu.add("decode", seconds),
         )
+
+    def _recomputed(self, done: Pass) -> None:
+        self.cpu.add("recompute", done.cpu_s)
+        self.meter.on_verify(done.seconds, done.rollouts)
 
     async def _judge(self, sender: str, batch: RolloutBatch) -> Receipt:
         """Verify ``batch``, record the verdict in the ledger and return the
@@ -306,47 +352,34 @@ class Ingest:
             window=self.window,
             nonce_accepted=lambda nonce: self.ledger.nonce_accepted(sender, nonce),
             limits=self.limits,
-            policies=self.policies,
-            pad_id=self.pad_id,
+            recomputer=self.recomputer,
             in_flight=self._verifying,
-            on_recomputed=lambda seconds: self.meter.on_verify(seconds, rollouts),
+            cpu=self.cpu,
         )
         accepted = reason is None
         assignments = [self.pool.lookup(g.prompt_id) for g in batch.groups] if accepted else []
         tokens = sum(len(c.tokens) for g in batch.groups for c in g.completions)
-        receipt = self.identity.sign(
-            Receipt(
-                job_id=self.job_id,
-                batch_hash=codec.digest(batch),
-                peer_id=batch.peer_id,
-                version=batch.version,
-                verdict="accepted" if accepted else "refused",
-                reason=reason or ACCEPTED,
-                tokens=tokens if accepted else 0,
-                credit=tokens * CREDIT_PER_TOKEN if accepted else 0.0,
-                created_ms=now_ms(),
-                learner_id=self.me,
-                signature=UNSIGNED,
-            )
-        )
+        with self.cpu.phase("receipt"):
+            receipt = self._receipt(batch, reason, tokens)
         # Write before ack: the row (and an accepted batch itself) is committed
         # before the node sees its receipt.
-        self.ledger.record(
-            Row(
-                batch_hash=receipt.batch_hash,
-                peer=sender,
-                version=batch.version,
-                nonce=batch.nonce,
-                rollouts=rollouts,
-                tokens=receipt.tokens,
-                verdict=receipt.verdict,
-                reason=receipt.reason,
-                credit=receipt.credit,
-                created_ms=receipt.created_ms,
-                receipt=codec.encode(receipt),
-                batch=codec.encode(batch) if accepted else None,
+        with self.cpu.phase("ledger"):
+            self.ledger.record(
+                Row(
+                    batch_hash=receipt.batch_hash,
+                    peer=sender,
+                    version=batch.version,
+                    nonce=batch.nonce,
+                    rollouts=rollouts,
+                    tokens=receipt.tokens,
+                    verdict=receipt.verdict,
+                    reason=receipt.reason,
+                    credit=receipt.credit,
+                    created_ms=receipt.created_ms,
+                    receipt=codec.encode(receipt),
+                    batch=codec.encode(batch) if accepted else None,
+                )
             )
-        )
         cycle_s = None
         if accepted:
             # The node worked on this batch since it was handed out, or since
@@ -361,6 +394,7 @@ class Ingest:
                 self.pool.answer(a, Rollouts(batch.version, sender, self._score(a, group)))
             self.counters.rollouts_accepted += rollouts
             self.counters.batches_accepted += 1
+            self.cpu.accepted += 1
             self.contributors.add(sender)
         else:
             self.counters.batches_refused += 1
@@ -388,6 +422,25 @@ class Ingest:
         # generate_ms is the node's own word; it only feeds the capacity forecast.
         self.peers.on_verdict(sender, receipt.reason, rollouts, receipt.tokens, cycle_s, batch.generate_ms / 1000)
         return receipt
+
+    def _receipt(self, batch: RolloutBatch, reason: str | None, tokens: int) -> Receipt:
+        """The signed verdict on ``batch``: accepted if ``reason`` is None."""
+        accepted = reason is None
+        return self.identity.sign(
+            Receipt(
+                job_id=self.job_id,
+                batch_hash=codec.digest(batch),
+                peer_id=batch.peer_id,
+                version=batch.version,
+                verdict="accepted" if accepted else "refused",
+                reason=reason or ACCEPTED,
+                tokens=tokens if accepted else 0,
+                credit=tokens * CREDIT_PER_TOKEN if accepted else 0.0,
+                created_ms=now_ms(),
+                learner_id=self.me,
+                signature=UNSIGNED,
+            )
+        )
 
     def _score(self, assignment: Assignment, group) -> ScoredGroup:  # type: ignore[no-untyped-def]
         rewards = []

@@ -252,6 +252,7 @@ class Learner:
                 await self._publish_variants()
                 await nursery.start(self.engine.run)
                 nursery.start_soon(self.heldout.run)
+                nursery.start_soon(self.ingest.recomputer.run)
                 nursery.start_soon(self.pacing.check_forecasts)
                 api_url = await nursery.start(serve_api, self, cfg.status_host, cfg.status_port, cfg.status_token)
                 # Atomically: `status`, the demo and tests read it while we run.
@@ -369,7 +370,9 @@ class Learner:
                 # its thread changes the weights whatever happens here, and the
                 # checkpoint written on the way out must say which step they are.
                 with trio.CancelScope(shield=True):
-                    stats: StepStats = await trio.to_thread.run_sync(self.trainer.step, [r.group for r in batch])
+                    stats: StepStats = await trio.to_thread.run_sync(
+                        self.ingest.cpu.timed, "train", self.trainer.step, [r.group for r in batch]
+                    )
                     self.step += 1
                 trained = time.monotonic()
                 self.meter.on_train(t0, trained, waited=t0 - asked)
@@ -552,6 +555,7 @@ class Learner:
             "broadcast": self._broadcast_status(),
             "bootstrap": self.bootstrap_probe.to_json() if self.bootstrap_probe else [],
             "addrs": self.addrs,
+            "load": self.ingest.cpu.to_json(),
         }
 
     def _broadcast_status(self) -> dict:

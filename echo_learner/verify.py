@@ -18,16 +18,15 @@ Rewards are computed afterwards by the learner itself (``echo_learner.tasks``).
 from __future__ import annotations
 
 import logging
-import math
-import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-import trio
 
-from echo_learner.logprobs import grouped_token_stats
+from echo_learner.cpu_split import CpuSplit
 from echo_learner.pool import PromptPool
+from echo_learner.recompute import LogprobError, Recomputer
 from echo_learner.tolerance import Tolerance, tolerance
 from protocol.errors import SignatureError
 from protocol.identity import verify
@@ -72,36 +71,6 @@ STRIKES = frozenset(
 )
 
 
-# Whether the sampled tokens are what sampling at the job's temperature from the claimed
-# version gives (after GRAIL's token-plausibility check). For each token, its
-# surprise under the learner's recompute, -log p(token), minus the entropy of
-# the distribution it was drawn from has mean 0 and a known variance; over a
-# batch, z = sum(surprise - entropy) / sqrt(sum(variance)) is about standard
-# normal for an honest node whatever its log-prob tolerance. Tokens picked by
-# hand, sampled from another model, or greedily drift far from 0 (a forger can
-# always report the exact log-probs of tokens it chose: the tolerance alone
-# cannot catch that). The limits (``Tolerance.z``) are in echo_learner/tolerance.py.
-#
-# Not quite normal where the policy is peaked: one honest token drawn at
-# p = 1e-4 from a distribution of entropy ~0.01 is ~9 nats out while the whole
-# batch's standard deviation is ~1, so a batch of one prompt scored |z| > 8
-# about once in 750 (bench/convergence.py, sync, reward 0.8: two honest
-# batches refused, each a strike and a 33 s pause). The largest single
-# deviation is therefore added to the variance: one rare token moves z by
-# less than 1, k of them by about k, while a forger's many shifted tokens
-# still add up (tests/learner/test_logprob_check.py).
-
-
-@dataclass(frozen=True)
-class LogprobError:
-    """|reported - recomputed| log-prob over a batch's sampled tokens, and
-    how plausible the tokens are as samples at the job's temperature (``surprise_z``)."""
-
-    worst: float
-    mean: float
-    surprise_z: float = 0.0
-
-
 @dataclass(frozen=True)
 class Limits:
     job_id: str
@@ -139,18 +108,18 @@ async def verify_batch(
     window: Callable[[], Window],
     nonce_accepted: Callable[[bytes], bool],
     limits: Limits,
-    policies: Policies,
-    pad_id: int,
+    recomputer: Recomputer,
     in_flight: set[tuple[str, bytes]],
-    on_recomputed: Callable[[float], None],
+    cpu: CpuSplit,
 ) -> str | None:
     """Every check of ``batch`` sent by ``sender``, in order: the first
     failure's reason, or None if the batch is accepted.
 
-    ``window()`` is asked twice: the log-prob recompute takes a while (it runs
-    in a worker thread, reported to ``on_recomputed(seconds)``) and the window
-    may move meanwhile. ``in_flight`` holds the (sender, nonce) of batches
-    being recomputed now, so that a copy sent meanwhile counts as replayed.
+    The log-prob recompute takes a while (``recomputer`` runs it in a worker
+    thread, with other batches of the same version) and the assignments may
+    change meanwhile: they are checked again after it. ``in_flight`` holds the
+    (sender, nonce) of batches being recomputed now, so that a copy sent
+    meanwhile counts as replayed.
     """
     if banned:
         return BANNED
@@ -159,22 +128,17 @@ async def verify_batch(
     def nonce_seen(nonce: bytes) -> bool:
         return key in in_flight or nonce_accepted(nonce)
 
-    reason = check_batch(batch, sender, pool, window(), nonce_seen, limits)
+    reason = check_batch(batch, sender, pool, window(), nonce_seen, limits, cpu)
     if reason is not None:
         return reason
-    model = policies.get(batch.version)
-    if model is None:
-        return OUT_OF_WINDOW
     prompts = [pool.lookup(g.prompt_id).tokens for g in batch.groups]  # type: ignore[union-attr]
     in_flight.add(key)
-    started = time.monotonic()
     try:
-        error = await trio.to_thread.run_sync(
-            logprob_error, model, prompts, batch, pad_id, limits.max_logit_bytes, limits.temperature
-        )
+        error = await recomputer.error(batch.version, prompts, batch)
     finally:
         in_flight.discard(key)
-    on_recomputed(time.monotonic() - started)
+    if error is None:  # the version was dropped while the batch waited
+        return OUT_OF_WINDOW
     allowed = tolerance(batch.backend, batch.dtype, batch.device, limits.family)
     assert allowed is not None, "check_batch refuses unsupported combinations"
     reason = check_logprobs(error, allowed)
@@ -203,14 +167,17 @@ def check_batch(
     window: Window,
     nonce_seen: Callable[[bytes], bool],
     limits: Limits,
+    cpu: CpuSplit | None = None,
 ) -> str | None:
-    """The first reason to refuse ``batch`` sent by ``sender``, or ``None``."""
+    """The first reason to refuse ``batch`` sent by ``sender``, or ``None``
+    (the signature check metered in ``cpu``)."""
     # The claimed signer must be the peer on the other end of the (Noise-
     # authenticated) connection, and the signature must be theirs.
     if batch.peer_id != sender:
         return WRONG_SIGNER
     try:
-        verify(batch, batch.peer_id)
+        with cpu.phase("signature") if cpu else nullcontext():
+            verify(batch, batch.peer_id)
     except SignatureError:
         return BAD_SIGNATURE
     if batch.job_id != limits.job_id:
@@ -258,43 +225,6 @@ def _assignments_open(batch: RolloutBatch, sender: str, pool: PromptPool) -> str
         if a.peer != sender:
             return REASSIGNED
     return None
-
-
-@torch.no_grad()
-def logprob_error(
-    model: torch.nn.Module,
-    prompts: list[tuple[int, ...]],
-    batch: RolloutBatch,
-    pad_id: int,
-    max_logit_bytes: int = 2**30,
-    temperature: float = 1.0,
-) -> LogprobError:
-    """|reported - recomputed| log-prob over every sampled token of ``batch``.
-
-    ``model`` is the policy version the batch claims and ``prompts[i]`` the
-    tokens of the prompt its group ``i`` answers (looked up by the caller:
-    this runs in a worker thread and must not touch the pool).
-    """
-    assert len(prompts) == len(batch.groups), "one prompt per group"
-    mine = grouped_token_stats(
-        model,
-        prompts,
-        [[c.tokens for c in g.completions] for g in batch.groups],
-        pad_id,
-        max_logit_bytes,
-        temperature,
-    )
-    pairs = [
-        (stats, torch.tensor(c.logprobs, dtype=torch.float32))
-        for group, recomputed_group in zip(batch.groups, mine)
-        for c, stats in zip(group.completions, recomputed_group)
-    ]
-    diff = torch.cat([(stats.logprobs - reported).abs() for stats, reported in pairs])
-    deviations = torch.cat([-stats.logprobs - stats.entropy for stats, _ in pairs])
-    # The largest single deviation joins the variance, so no one token decides.
-    spread = sum(float(stats.variance.sum()) for stats, _ in pairs) + float(deviations.abs().max()) ** 2
-    z = float(deviations.sum()) / math.sqrt(spread) if spread > 0 else 0.0
-    return LogprobError(worst=float(diff.max()), mean=float(diff.mean()), surprise_z=z)
 
 
 def check_logprobs(error: LogprobError, allowed: Tolerance) -> str | None:

@@ -13,9 +13,10 @@ import torch
 
 from echo_learner.logprobs import grouped_token_stats
 from echo_learner.model import build_model, config_json
+from echo_learner.recompute import logprob_error
 from echo_learner.tolerance import tolerance
 from echo_learner.trainer import Objective, ScoredGroup, Trainer
-from echo_learner.verify import check_logprobs, logprob_error
+from echo_learner.verify import check_logprobs
 from echo_node.backend_choice import choose, llama_installed
 from echo_node.backend_llama import gpu_kind as llama_gpu_kind
 from protocol.messages import UNSIGNED

@@ -10,11 +10,12 @@ instead: unlike other protocols it is a verdict too (a ledger row, a strike).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from protocol import framing
+from protocol import codec, framing
 from protocol.errors import ProtocolError, StreamClosed
 from protocol.framing import ByteStream
 from protocol.messages import (
@@ -106,6 +107,7 @@ async def answer(
     stream: ByteStream,
     judge: Callable[[RolloutBatch], Awaitable[Receipt]],
     on_malformed: Callable[[ProtocolError], None],
+    on_decoded: Callable[[float], None] = lambda seconds: None,
 ) -> None:
     """The handler side: read one batch and send ``judge``'s receipt for it.
 
@@ -114,7 +116,10 @@ async def answer(
     died) submitted nothing and gets no verdict.
     """
     try:
-        batch = await framing.receive(stream, RolloutBatch)
+        data = await framing.read_frame(stream, codec.max_size(RolloutBatch))
+        started = time.thread_time()
+        batch = codec.decode(data, RolloutBatch)
+        on_decoded(time.thread_time() - started)  # its CPU, for the learner's meters
     except StreamClosed:
         raise
     except ProtocolError as exc:

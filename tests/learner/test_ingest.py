@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 import trio
+import trio.testing
 
 from echo_learner import verify as v
 from echo_learner.capacity import CapacityMeter
@@ -15,7 +16,7 @@ from echo_learner.ingest import Ingest
 from echo_learner.ledger import Ledger
 from echo_learner.peers import PeerBook
 from echo_learner.tasks.reverse import ReverseTask
-from protocol.wire.work import WorkRequest
+from protocol.wire.work import NoWork, WorkRequest
 from tests.learner.test_verify import GOOD, LIMITS, pool_with_prompt_7
 from tests.protocol.samples import LEARNER, NODE, batch
 
@@ -102,5 +103,42 @@ async def test_a_node_whose_version_leaves_the_window_before_it_could_answer_mus
         # A slower node (2 prompts: 0.2 s, 0.4 s with the margin) would not be back in time.
         ingest.peers.peers[NODE.peer_id_str].rate = 40.0
         assert ingest._version_for(NODE.peer_id_str, asks, holds(ingest))[0] > 8
+    finally:
+        ledger.close()
+
+
+async def test_past_the_waiting_room_a_work_request_is_told_when_to_come_back(autojump_clock, tmp_path):
+    """A thousand idle volunteers must not all wait on the pool: each waiting
+    request is looked at again at every change. Past --max-waiting-requests
+    the answer is an immediate NoWork with a time to come back."""
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    config = LearnerConfig(data_dir=tmp_path, long_poll_s=30, max_waiting_requests=2)
+    ingest = ingest_for(
+        config,
+        ledger,
+        pool_with_prompt_7(capacity=1),
+        v.Policies(keep=3),
+        PeerBook(strikes_to_ban=3, strike_window_s=600, ban_s=600, max_peers=100),
+        CapacityMeter(60.0),
+        3,
+    )
+    answers = {}
+
+    async def ask(peer):
+        answers[peer] = (await ingest._work(peer, "direct", REQUEST), trio.current_time())
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for peer in ("a", "b"):
+                nursery.start_soon(ask, peer)
+            await trio.testing.wait_all_tasks_blocked()
+            await ask("c")  # the room is full: answered at once
+            assert set(answers) == {"c"} and answers["c"][1] == 0
+            no_work = answers["c"][0]
+            assert isinstance(no_work, NoWork) and no_work.reason.startswith("busy")
+            # Before a step is measured: about --long-poll-s, spread +-25 %.
+            assert 0.75 * 30_000 <= no_work.retry_after_ms <= 1.25 * 30_000
+        # The two in the room waited their long poll out, as before.
+        assert [(answers[p][0].retry_after_ms, answers[p][1]) for p in "ab"] == [(0, 30), (0, 30)]
     finally:
         ledger.close()

@@ -11,14 +11,10 @@ import torch
 
 from echo_learner.logprobs import grouped_logprobs
 from echo_learner.model import ModelShape, build_model, config_json
+from echo_learner.recompute import logprob_error
 from echo_learner.tolerance import TOLERANCE, tolerance
 from echo_learner.trainer import Objective, Trainer
-from echo_learner.verify import (
-    BAD_LOGPROBS,
-    IMPLAUSIBLE,
-    check_logprobs,
-    logprob_error,
-)
+from echo_learner.verify import BAD_LOGPROBS, IMPLAUSIBLE, check_logprobs
 from echo_node.backend_torch import TorchBackend
 from protocol.messages import UNSIGNED
 from protocol.wire.rollout import Completion, RolloutBatch, RolloutGroup

@@ -1,0 +1,210 @@
+"""The learner's log-prob recomputes: many batches of one version per forward pass.
+
+Verification recomputes each batch's log-probs under the version it claims
+(``echo_learner.verify``). One forward pass per batch spends most of its time
+on what does not grow with the batch (the per-pass overhead of a small model,
+the Python around it); batches waiting for the same version go through the
+model together instead. Nothing waits to be batched: a pass starts as soon as
+the previous one ends, with whatever arrived meanwhile (group commit). At low
+load each batch has a pass of its own, as before; under load the passes grow
+up to ``max_batches`` and the learner verifies more tokens per CPU second
+(bench/swarm_load.py --compare-verify: ``batched_over_single``).
+
+A batch's result depends only on its own tokens: padding and the shared pass
+change none of its log-probs beyond float rounding (tests/learner/test_recompute.py).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import trio
+
+from echo_learner.logprobs import TokenStats, grouped_token_stats
+from protocol.wire.rollout import RolloutBatch
+
+
+@dataclass(frozen=True)
+class LogprobError:
+    """|reported - recomputed| log-prob over a batch's sampled tokens, and
+    how plausible the tokens are as samples at the job's temperature (``surprise_z``)."""
+
+    worst: float
+    mean: float
+    surprise_z: float = 0.0
+
+
+@torch.no_grad()
+def logprob_errors(
+    model: torch.nn.Module,
+    work: Sequence[tuple[Sequence[tuple[int, ...]], RolloutBatch]],
+    pad_id: int,
+    max_logit_bytes: int = 2**30,
+    temperature: float = 1.0,
+) -> list[LogprobError]:
+    """``logprob_error`` of each ``(prompts, batch)`` in ``work``, all in one
+    pass through ``model`` (split only where the logits would outgrow
+    ``max_logit_bytes``)."""
+    prompts = [p for ps, batch in work for p in _checked(ps, batch)]
+    groups = [[c.tokens for c in g.completions] for _, batch in work for g in batch.groups]
+    stats = iter(grouped_token_stats(model, prompts, groups, pad_id, max_logit_bytes, temperature))
+    return [_error(batch, [next(stats) for _ in batch.groups]) for _, batch in work]
+
+
+def logprob_error(
+    model: torch.nn.Module,
+    prompts: Sequence[tuple[int, ...]],
+    batch: RolloutBatch,
+    pad_id: int,
+    max_logit_bytes: int = 2**30,
+    temperature: float = 1.0,
+) -> LogprobError:
+    """|reported - recomputed| log-prob over every sampled token of ``batch``.
+
+    ``model`` is the policy version the batch claims and ``prompts[i]`` the
+    tokens of the prompt its group ``i`` answers (looked up by the caller:
+    this runs in a worker thread and must not touch the pool).
+    """
+    return logprob_errors(model, [(prompts, batch)], pad_id, max_logit_bytes, temperature)[0]
+
+
+def _checked(prompts: Sequence[tuple[int, ...]], batch: RolloutBatch) -> Sequence[tuple[int, ...]]:
+    assert len(prompts) == len(batch.groups), "one prompt per group"
+    return prompts
+
+
+# Whether the sampled tokens are what sampling at the job's temperature from the claimed
+# version gives (after GRAIL's token-plausibility check). For each token, its
+# surprise under the learner's recompute, -log p(token), minus the entropy of
+# the distribution it was drawn from has mean 0 and a known variance; over a
+# batch, z = sum(surprise - entropy) / sqrt(sum(variance)) is about standard
+# normal for an honest node whatever its log-prob tolerance. Tokens picked by
+# hand, sampled from another model, or greedily drift far from 0 (a forger can
+# always report the exact log-probs of tokens it chose: the tolerance alone
+# cannot catch that). The limits (``Tolerance.z``) are in echo_learner/tolerance.py.
+#
+# Not quite normal where the policy is peaked: one honest token drawn at
+# p = 1e-4 from a distribution of entropy ~0.01 is ~9 nats out while the whole
+# batch's standard deviation is ~1, so a batch of one prompt scored |z| > 8
+# about once in 750 (bench/convergence.py, sync, reward 0.8: two honest
+# batches refused, each a strike and a 33 s pause). The largest single
+# deviation is therefore added to the variance: one rare token moves z by
+# less than 1, k of them by about k, while a forger's many shifted tokens
+# still add up (tests/learner/test_logprob_check.py).
+def _error(batch: RolloutBatch, mine: list[list[TokenStats]]) -> LogprobError:
+    pairs = [
+        (stats, torch.tensor(c.logprobs, dtype=torch.float32))
+        for group, recomputed_group in zip(batch.groups, mine)
+        for c, stats in zip(group.completions, recomputed_group)
+    ]
+    diff = torch.cat([(stats.logprobs - reported).abs() for stats, reported in pairs])
+    deviations = torch.cat([-stats.logprobs - stats.entropy for stats, _ in pairs])
+    spread = sum(float(stats.variance.sum()) for stats, _ in pairs) + float(deviations.abs().max()) ** 2
+    z = float(deviations.sum()) / math.sqrt(spread) if spread > 0 else 0.0
+    return LogprobError(worst=float(diff.max()), mean=float(diff.mean()), surprise_z=z)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """What one recompute pass did, for the meters: the version, its wall and
+    worker-thread CPU seconds, and the batches and rollouts it covered."""
+
+    version: int
+    seconds: float
+    cpu_s: float
+    batches: int
+    rollouts: int
+
+
+@dataclass(eq=False)
+class _Job:
+    version: int
+    prompts: Sequence[tuple[int, ...]]
+    batch: RolloutBatch
+    done: trio.Event = field(default_factory=trio.Event)
+    result: LogprobError | None = None
+
+
+class Recomputer:
+    """Queues recomputes and runs them, those of one version together.
+
+    ``run`` is the one task that drives the passes (in the learner's nursery);
+    callers wait in ``error``. The queue holds at most one entry per batch
+    whose handler is waiting, and those are bounded by the rollout streams a
+    learner admits.
+    """
+
+    def __init__(
+        self,
+        models: Callable[[int], torch.nn.Module | None],
+        *,
+        pad_id: int,
+        max_logit_bytes: int,
+        temperature: float,
+        max_batches: int,
+        on_pass: Callable[[Pass], None] = lambda p: None,
+    ):
+        self.models = models
+        self.pad_id = pad_id
+        self.max_logit_bytes = max_logit_bytes
+        self.temperature = temperature
+        self.max_batches = max_batches
+        self.on_pass = on_pass
+        self._queue: list[_Job] = []
+        self._queued = trio.Event()
+
+    async def error(self, version: int, prompts: Sequence[tuple[int, ...]], batch: RolloutBatch) -> LogprobError | None:
+        """``batch``'s log-prob error under ``version``; None if the learner no
+        longer holds that version when its pass comes."""
+        job = _Job(version, prompts, batch)
+        self._queue.append(job)
+        self._queued.set()
+        try:
+            await job.done.wait()
+        finally:
+            if not job.done.is_set() and job in self._queue:  # cancelled before its pass: nobody wants it
+                self._queue.remove(job)
+        return job.result
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            if not self._queue:
+                self._queued = trio.Event()
+                await self._queued.wait()
+            jobs = self._next_pass()
+            model = self.models(jobs[0].version)
+            if model is not None:
+                results, done = await trio.to_thread.run_sync(self._recompute, model, jobs)
+                for job, result in zip(jobs, results):
+                    job.result = result
+                self.on_pass(done)
+            for job in jobs:
+                job.done.set()
+
+    def _next_pass(self) -> list[_Job]:
+        """The oldest waiting batch and those of its version after it, up to ``max_batches``."""
+        version = self._queue[0].version
+        jobs = [j for j in self._queue if j.version == version][: self.max_batches]
+        taken = set(map(id, jobs))
+        self._queue = [j for j in self._queue if id(j) not in taken]
+        return jobs
+
+    def _recompute(self, model: torch.nn.Module, jobs: list[_Job]) -> tuple[list[LogprobError], Pass]:
+        """In the worker thread: one pass, metered in that thread's own CPU time."""
+        wall, cpu = time.monotonic(), time.thread_time()
+        results = logprob_errors(
+            model, [(j.prompts, j.batch) for j in jobs], self.pad_id, self.max_logit_bytes, self.temperature
+        )
+        done = Pass(
+            version=jobs[0].version,
+            seconds=time.monotonic() - wall,
+            cpu_s=time.thread_time() - cpu,
+            batches=len(jobs),
+            rollouts=sum(len(g.completions) for j in jobs for g in j.batch.groups),
+        )
+        return results, done
