@@ -212,6 +212,11 @@ class LearnerConfig(ConnectionSettings):
         lo=1,
         hi=1024,
     )
+    verify_pass_tokens: int = setting(
+        1024,
+        "most tokens in one such pass (passes far larger are slower per token on a CPU: their logits leave its caches)",
+        lo=1,
+    )
     checkpoint_every: int = setting(10, "write a checkpoint every N steps", lo=1)
     resume: bool = setting(False, "continue from the checkpoint in --data-dir")
     fresh: bool = setting(False, "start over although --data-dir holds a checkpoint (the ledger is kept)")

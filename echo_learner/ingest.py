@@ -105,6 +105,7 @@ class Ingest:
             max_logit_bytes=limits.max_logit_bytes,
             temperature=limits.temperature,
             max_batches=config.verify_batch,
+            max_tokens=config.verify_pass_tokens,
             on_pass=self._recomputed,
         )
         self.contributors: set[str] = set()

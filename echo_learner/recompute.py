@@ -7,8 +7,14 @@ the Python around it); batches waiting for the same version go through the
 model together instead. Nothing waits to be batched: a pass starts as soon as
 the previous one ends, with whatever arrived meanwhile (group commit). At low
 load each batch has a pass of its own, as before; under load the passes grow
-up to ``max_batches`` and the learner verifies more tokens per CPU second
-(bench/swarm_load.py --compare-verify: ``batched_over_single``).
+up to ``max_batches`` batches or ``max_tokens`` tokens.
+
+What that buys depends on the batches' size (docs/learner.md, "Verification
+at scale"): on one CPU core and the built-in model, small batches (one prompt,
+4 completions of 8 tokens) are verified 3.4-3.9 times faster in passes of 8-32,
+batches of 250 tokens 1.3-1.7 times, and batches of 1,000 tokens not at all: a
+pass is then bound by the model's arithmetic, and passes much larger than
+``max_tokens`` get slower (their logits leave the CPU's caches).
 
 A batch's result depends only on its own tokens: padding and the shared pass
 change none of its log-probs beyond float rounding (tests/learner/test_recompute.py).
@@ -128,6 +134,11 @@ class _Job:
     done: trio.Event = field(default_factory=trio.Event)
     result: LogprobError | None = None
 
+    @property
+    def tokens(self) -> int:
+        """What the pass computes for it: its prompts, and each completion."""
+        return sum(len(p) for p in self.prompts) + sum(len(c.tokens) for g in self.batch.groups for c in g.completions)
+
 
 class Recomputer:
     """Queues recomputes and runs them, those of one version together.
@@ -146,6 +157,7 @@ class Recomputer:
         max_logit_bytes: int,
         temperature: float,
         max_batches: int,
+        max_tokens: int = 1024,
         on_pass: Callable[[Pass], None] = lambda p: None,
     ):
         self.models = models
@@ -153,6 +165,7 @@ class Recomputer:
         self.max_logit_bytes = max_logit_bytes
         self.temperature = temperature
         self.max_batches = max_batches
+        self.max_tokens = max_tokens
         self.on_pass = on_pass
         self._queue: list[_Job] = []
         self._queued = trio.Event()
@@ -187,9 +200,18 @@ class Recomputer:
                 job.done.set()
 
     def _next_pass(self) -> list[_Job]:
-        """The oldest waiting batch and those of its version after it, up to ``max_batches``."""
+        """The oldest waiting batch and those of its version after it, up to
+        ``max_batches`` batches and ``max_tokens`` tokens (at least one batch)."""
         version = self._queue[0].version
-        jobs = [j for j in self._queue if j.version == version][: self.max_batches]
+        jobs: list[_Job] = []
+        tokens = 0
+        for job in self._queue:
+            if job.version != version:
+                continue
+            tokens += job.tokens
+            if jobs and (len(jobs) == self.max_batches or tokens > self.max_tokens):
+                break
+            jobs.append(job)
         taken = set(map(id, jobs))
         self._queue = [j for j in self._queue if id(j) not in taken]
         return jobs

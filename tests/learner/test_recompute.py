@@ -128,3 +128,19 @@ def test_one_batch_at_a_time_is_still_one_pass_each():
     trio.run(main)
     assert [p.batches for p in passes] == [1, 1, 1]
     assert torch.is_grad_enabled()  # the no-grad recompute left the caller's mode alone
+
+
+def test_a_pass_stops_at_its_token_budget_but_always_takes_one_batch():
+    from echo_learner.recompute import _Job
+
+    model = next(versions(1))
+    work = some_batches(model, 4, seed=5)
+    jobs = [_Job(0, prompts, batch) for prompts, batch in work]
+    budget = jobs[0].tokens + jobs[1].tokens
+    recomputer = Recomputer(
+        {0: model}.get, pad_id=PAD, max_logit_bytes=2**30, temperature=1.0, max_batches=8, max_tokens=budget
+    )
+    recomputer._queue = list(jobs)
+    assert recomputer._next_pass() == jobs[:2]
+    recomputer.max_tokens = 1  # smaller than any batch: one at a time
+    assert recomputer._next_pass() == jobs[2:3]
