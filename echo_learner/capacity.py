@@ -254,7 +254,7 @@ class CapacityMeter:
         self.bookkeeping_s = running_mean(self.bookkeeping_s, seconds)
 
     def on_verify(self, seconds: float, rollouts: int) -> None:
-        """The log-prob recompute of one batch took ``seconds``."""
+        """A log-prob recompute pass over ``rollouts`` rollouts (one batch or several) took ``seconds``."""
         self.verify_s_per_rollout = running_mean(self.verify_s_per_rollout, seconds / max(rollouts, 1))
         if self.timings:
             self.timings.verify.observe(seconds)

@@ -36,7 +36,7 @@ class Timings:
         )
         self.verify = Histogram(
             "echo_verify_batch_seconds",
-            "Time of the log-prob recompute of one rollout batch.",
+            "Time of one log-prob recompute pass (one rollout batch, or several of one version: --verify-batch).",
             buckets=VERIFY_BUCKETS,
             registry=registry,
         )
