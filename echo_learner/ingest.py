@@ -295,7 +295,7 @@ class Ingest:
             held=held[peer],
             busy_s=swarm[peer].busy_s if peer in swarm else 0.0,
             swarm=list(swarm.values()),
-            unassigned=self.pool.unassigned(),
+            unassigned=self.pool.unassigned(held),
             handed_this_round=self.pool.handed(peer),
         )
 

@@ -71,6 +71,11 @@ class PromptPool:
         self.assignment_timeout_s = assignment_timeout_s
         self.memory = memory
         self.assignments: OrderedDict[int, Assignment] = OrderedDict()
+        # The unanswered ones among them, in the same order: what every
+        # question below looks at. Answered ones are most of ``assignments``
+        # (it remembers ``memory``), and a learner serving many nodes asks
+        # these questions on every work request.
+        self.unanswered: OrderedDict[int, Assignment] = OrderedDict()
         self.buffer: deque[Rollouts] = deque()
         self.next_prompt_id = 0
         self.open = False  # the learner opens it once a version is out
@@ -92,7 +97,7 @@ class PromptPool:
 
     def outstanding(self) -> int:
         now = trio.current_time()
-        return sum(self._live(a, now) for a in self.assignments.values())
+        return sum(self._live(a, now) for a in self.unanswered.values())
 
     def handed(self, peer: str) -> int:
         """Prompts of this round (made for ``min_version`` or newer) ever handed to ``peer``."""
@@ -101,26 +106,28 @@ class PromptPool:
     def held_since(self) -> dict[str, float]:
         """When each peer was handed the oldest live prompt it holds (trio clock)."""
         now, since = trio.current_time(), {}
-        for a in self.assignments.values():
+        for a in self.unanswered.values():
             if self._live(a, now):
                 since[a.peer] = min(since.get(a.peer, a.handed_at), a.handed_at)
         return since
 
-    def unassigned(self) -> int:
+    def unassigned(self, held: Counter[str] | None = None) -> int:
         """Prompts the pool would still hand to peers that count against
-        its capacity (sync: of this step; async: of what the buffer has room for)."""
-        counted = sum(n for holder, n in self.held().items() if not self.provisional(holder))
+        its capacity (sync: of this step; async: of what the buffer has room
+        for). ``held``: ``held()``, if the caller has it at hand."""
+        held = self.held() if held is None else held
+        counted = sum(n for holder, n in held.items() if not self.provisional(holder))
         return max(0, self.capacity - len(self.buffer) - counted)
 
     def next_expiry(self) -> float:
         """When the next live prompt expires (trio clock; ``inf``: none is live)."""
         now = trio.current_time()
-        return min((a.deadline for a in self.assignments.values() if self._live(a, now)), default=math.inf)
+        return min((a.deadline for a in self.unanswered.values() if self._live(a, now)), default=math.inf)
 
     def held(self) -> Counter[str]:
         """Live (unanswered, unexpired) prompts per peer."""
         now = trio.current_time()
-        return Counter(a.peer for a in self.assignments.values() if self._live(a, now))
+        return Counter(a.peer for a in self.unanswered.values() if self._live(a, now))
 
     def take(self, peer: str, max_prompts: int, version: int) -> list[Assignment]:
         """Hand ``peer`` up to ``max_prompts`` prompts to roll out with ``version``.
@@ -141,7 +148,7 @@ class PromptPool:
         # Expired, still useful prompts first: a slow node must not starve a
         # step. Never back to a peer that already let it lapse, nor to an
         # untried one (it may let it lapse again).
-        for a in self.assignments.values() if not provisional else ():
+        for a in self.unanswered.values() if not provisional else ():
             if len(taken) >= room:
                 break
             if not a.answered and a.deadline < now and a.version >= self.min_version and peer not in a.holders:
@@ -151,7 +158,7 @@ class PromptPool:
             prompt, tokens = self.new_prompt()
             a = Assignment(self.next_prompt_id, prompt, tokens, version, peer, 0.0, now)
             self.next_prompt_id += 1
-            self.assignments[a.prompt_id] = a
+            self.assignments[a.prompt_id] = self.unanswered[a.prompt_id] = a
             taken.append(a)
         for a in taken:
             a.peer, a.version, a.handed_at, a.lapse_charged = peer, version, now, False
@@ -170,12 +177,14 @@ class PromptPool:
         done = [pid for pid, a in self.assignments.items() if a.answered or a.deadline < now][:excess]
         for pid in done:
             del self.assignments[pid]
+            self.unanswered.pop(pid, None)
         while len(self.assignments) > self.memory:  # all live: the bound still holds
-            self.assignments.popitem(last=False)
+            pid, _ = self.assignments.popitem(last=False)
+            self.unanswered.pop(pid, None)
 
     def _charge_lapses(self, now: float) -> None:
         lapsed = set()
-        for a in self.assignments.values():
+        for a in self.unanswered.values():
             if not a.answered and not a.lapse_charged and a.deadline < now:
                 a.lapse_charged = True
                 self.expired += 1
@@ -206,6 +215,7 @@ class PromptPool:
 
     def answer(self, assignment: Assignment, rollouts: Rollouts) -> None:
         assignment.answered = True
+        self.unanswered.pop(assignment.prompt_id, None)
         self.buffer.append(rollouts)
         self._notify()
 

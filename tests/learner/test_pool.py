@@ -103,3 +103,32 @@ async def test_a_batch_refused_after_the_round_moved_on_is_no_lapse(autojump_clo
     await trio.sleep(61)
     p.take("other", 2, version=1)
     assert struck == []
+
+
+async def test_the_unanswered_index_follows_every_change(autojump_clock):
+    """``unanswered`` (what each work request scans) is exactly the
+    remembered assignments not yet answered, through takes, answers,
+    releases, expiries and forgetting."""
+    import random
+
+    from echo_learner.pool import Rollouts
+    from echo_learner.trainer import ScoredGroup
+
+    p = PromptPool(lambda: (TaskPrompt("abc", "cba"), (1, 2, 3)), capacity=6, assignment_timeout_s=5, memory=12)
+    p.set_open(True)
+    rng = random.Random(0)
+    for _ in range(400):
+        peer = rng.choice("abcd")
+        move = rng.random()
+        if move < 0.4:
+            p.take(peer, rng.randint(1, 3), version=0)
+        elif move < 0.7 and p.unanswered:
+            a = rng.choice(list(p.unanswered.values()))
+            p.answer(a, Rollouts(0, a.peer, ScoredGroup((1,), ((2,),), ((-1.0,),), (0.0,))))
+        elif move < 0.8:
+            p.release(peer, list(p.unanswered)[:2])
+        elif move < 0.9 and p.buffer:
+            p.buffer.popleft()
+        else:
+            await trio.sleep(rng.uniform(0, 4))
+        assert list(p.unanswered) == [pid for pid, a in p.assignments.items() if not a.answered]
