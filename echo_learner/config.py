@@ -168,7 +168,7 @@ class LearnerConfig(ConnectionSettings):
     )
     long_poll_s: float = setting(10.0, "seconds a work request waits for prompts before the answer 'no work'", lo=0)
     max_waiting_requests: int = setting(
-        256,
+        64,
         "work requests held open at once, from all peers; past it, a request that finds no prompts open "
         "is answered 'no work' at once, with the time to ask again",
         lo=1,
