@@ -5,6 +5,10 @@
 - yamux is the only muxer.
 - One connection per peer: otherwise every dial waits a 250 ms happy-eyeballs
   floor (pitfall 1).
+- py-libp2p's resource manager sized to our connection cap: its defaults admit
+  256 established inbound connections and 1,000 in all, whatever
+  ``ConnectionConfig`` says, so a learner stopped taking nodes at 256
+  (bench/swarm_load.py).
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from libp2p.abc import IHost
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.rcmgr import ResourceManager, new_resource_manager
+from libp2p.rcmgr.connection_limits import ConnectionLimits
+from libp2p.rcmgr.manager import ResourceLimits
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 
@@ -67,6 +74,28 @@ def connection_config(settings: ConnectionSettings) -> ConnectionConfig:
     )
 
 
+def resource_manager(config: ConnectionConfig) -> ResourceManager:
+    """py-libp2p's resource manager, admitting what ``config`` admits.
+
+    Handshakes under way are capped at a sixteenth of the connections (py-libp2p's
+    64 for 1,024): enough for a crowd of nodes that reconnect at once after a
+    restart to get in within a few handshake times, few enough that half-open
+    sockets cannot take the whole cap (``InboundGate`` bounds them per address).
+    """
+    cap = config.max_connections
+    return new_resource_manager(
+        limits=ResourceLimits(max_connections=cap),
+        connection_limits=ConnectionLimits(
+            max_pending_inbound=max(64, cap // 16),
+            max_pending_outbound=max(64, cap // 16),
+            max_established_inbound=cap,
+            max_established_outbound=cap,
+            max_established_per_peer=8,  # py-libp2p's; ConnectionConfig keeps us at one per peer
+            max_established_total=cap,
+        ),
+    )
+
+
 # File descriptors the process asks for (each connection takes one).
 WANTED_FDS = 4096
 
@@ -95,11 +124,13 @@ def make_host(
     key_pair = identity.key_pair
     addrs = [parse_multiaddr(a) for a in listen]
     noise = NoiseTransport(key_pair, noise_privkey=new_x25519_key_pair().private_key)
+    connections = connections or connection_config(ConnectionSettings())
     host = new_host(
         key_pair=key_pair,
         sec_opt={NOISE_PROTOCOL_ID: noise},
         muxer_opt=create_yamux_muxer_option(),
-        connection_config=connections or connection_config(ConnectionSettings()),
+        connection_config=connections,
+        resource_manager=resource_manager(connections),
         # Pass the listen addresses here too, or their transport is skipped
         # silently (pitfall 11).
         listen_addrs=addrs,

@@ -93,3 +93,37 @@ async def test_an_honest_dial_gets_in_while_hundreds_of_idle_sockets_are_open():
         finally:
             for s in idle:
                 await s.aclose()
+
+
+@pytest.mark.slow
+async def test_a_host_admits_as_many_connections_as_its_cap_says():
+    """py-libp2p's resource manager admits 256 established inbound
+    connections by default, whatever ``ConnectionConfig`` says: a learner
+    stopped taking nodes at 256 (bench/swarm_load.py). Ours follows the cap."""
+    from protocol.connlimits import ConnectionSettings
+    from protocol.host import connection_config
+
+    crowd = 270
+    server = make_host(
+        Identity.generate(), [LOOPBACK], connections=connection_config(ConnectionSettings(max_connections=512))
+    )
+    connected = 0
+    async with server.run(listen_addrs=[parse_multiaddr(LOOPBACK)]):
+        info = info_from_p2p_addr(parse_multiaddr(full_addrs(server)[0]))
+
+        async def member(task_status):
+            nonlocal connected
+            client = make_host(Identity.generate(), [])
+            async with client.run(listen_addrs=[]):
+                with trio.fail_after(30):
+                    await client.connect(info)
+                connected += 1
+                task_status.started()
+                await trio.sleep_forever()
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(crowd):
+                await nursery.start(member)
+            assert connected == crowd
+            assert len(server.get_network().connections) == crowd
+            nursery.cancel_scope.cancel()
