@@ -29,7 +29,7 @@ from echo_learner.ledger import CREDIT_PER_TOKEN, Ledger, Row
 from echo_learner.peers import PeerBook, PeerStats
 from echo_learner.pool import Assignment, PromptPool, Rollouts
 from echo_learner.recompute import Pass, Recomputer
-from echo_learner.sizing import DEADLINE_SHARE, Worker, prompts_for
+from echo_learner.sizing import DEADLINE_SHARE, Worker, prompts_for, round_end_s
 from echo_learner.tasks.base import Task
 from echo_learner.trainer import ScoredGroup
 from echo_learner.verify import ACCEPTED, Limits, Policies, Window, verify_batch
@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 REFUSALS_PER_STRIKE = 10
 # The longest a busy learner tells a node to wait before asking again.
 MAX_RETRY_S = 60.0
+# How long the model of the round's end is reused: nodes' rates and holdings
+# change over seconds, and every work request asks it.
+ROUND_MODEL_S = 0.25
 
 
 def now_ms() -> int:
@@ -114,6 +117,7 @@ class Ingest:
         self._verifying: set[tuple[str, bytes]] = set()
         self._asking: Counter[str] = Counter()  # work requests under way per peer
         self._waiting = 0  # work requests waiting for the pool to change
+        self._round_model: tuple[float, float | None] | None = None  # (worked out at, the round's end)
         # Work requests refused for being over the limit, per peer (bounded:
         # cleared past max_peers_tracked peers).
         self._refusals: Counter[str] = Counter()
@@ -277,27 +281,41 @@ class Ingest:
         if not cfg.size_work:
             return cfg.prompts_per_request
         stats = self.peers.peers.get(peer)
-        since, now = self.pool.held_since(), trio.current_time()
-
-        def worker(s: PeerStats) -> Worker:
-            """``s``'s node as the round's model sees it: busy with what it
-            holds from the later of its oldest prompt and its latest answer."""
-            rate = s.rate / cfg.group_size
-            busy_s = max(0.0, max(since.get(s.peer, now), s.answered_at) + held[s.peer] / rate - now)
-            return Worker(rate, busy_s)
-
-        swarm = {s.peer: worker(s) for s in self.peers.active(cfg.assignment_timeout_s) if s.rate > 0}
+        now = trio.current_time()
+        ends_at = self._round_ends_at(held)
         return prompts_for(
             stats.rate if stats else 0.0,
             min(cfg.assignment_timeout_s, in_window_s),
             cfg.group_size,
             cfg.prompts_per_request,
             held=held[peer],
-            busy_s=swarm[peer].busy_s if peer in swarm else 0.0,
-            swarm=list(swarm.values()),
-            unassigned=self.pool.unassigned(held),
+            busy_s=self._worker(stats, held, self.pool.held_since(), now).busy_s if stats and stats.rate > 0 else 0.0,
+            round_ends_in_s=None if ends_at is None else ends_at - now,
             handed_this_round=self.pool.handed(peer),
         )
+
+    def _worker(self, s: PeerStats, held: Counter[str], since: dict[str, float], now: float) -> Worker:
+        """``s``'s node as the round's model sees it: busy with what it holds
+        from the later of its oldest prompt and its latest answer."""
+        rate = s.rate / self.config.group_size
+        busy_s = max(0.0, max(since.get(s.peer, now), s.answered_at) + held[s.peer] / rate - now)
+        return Worker(rate, busy_s)
+
+    def _round_ends_at(self, held: Counter[str]) -> float | None:
+        """When the round ends in the learner's model (``sizing.round_end_s``
+        over every measured active node; trio clock), None with no such node.
+        Worked out at most every ROUND_MODEL_S: it looks at every node, and a
+        learner serving a thousand of them is asked on every work request."""
+        now = trio.current_time()
+        if self._round_model is not None and now - self._round_model[0] < ROUND_MODEL_S:
+            return self._round_model[1]
+        since = self.pool.held_since()
+        workers = [
+            self._worker(s, held, since, now) for s in self.peers.active(self.config.assignment_timeout_s) if s.rate > 0
+        ]
+        ends_at = now + round_end_s(workers, self.pool.unassigned(held)) if workers else None
+        self._round_model = (now, ends_at)
+        return ends_at
 
     def _room_for(self, peer: str, held: Counter[str]) -> int:
         """How many more prompts ``peer`` may hold now (echo_learner.fairness)."""

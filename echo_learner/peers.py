@@ -7,6 +7,8 @@ beyond ``max_peers`` (a forgotten peer's ledger rows remain).
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -83,7 +85,10 @@ class PeerBook:
         self.strike_window_s = strike_window_s
         self.ban_s = ban_s
         self.max_peers = max_peers
+        # Least recently seen first: ``seen`` moves a peer to the end, so the
+        # active ones are a tail of it (a learner asks on every work request).
         self.peers: OrderedDict[str, PeerStats] = OrderedDict()
+        self._proven_seen_at = -math.inf  # when a peer with an accepted batch was last seen
 
     def seen(self, peer: str) -> PeerStats:
         now = time.time()
@@ -94,6 +99,8 @@ class PeerBook:
                 self.peers.popitem(last=False)
         stats.last_seen = now
         self.peers.move_to_end(peer)
+        if stats.accepted > 0:
+            self._proven_seen_at = now
         return stats
 
     def on_work_request(self, peer: str, req: WorkRequest, route: str = "direct") -> None:
@@ -115,6 +122,7 @@ class PeerBook:
         stats.last_reason = reason
         if reason == ACCEPTED:
             stats.accepted += 1
+            self._proven_seen_at = stats.last_seen
             stats.rollouts += rollouts
             stats.tokens += tokens
             if cycle_s:
@@ -149,13 +157,13 @@ class PeerBook:
 
     def active(self, within_s: float) -> list[PeerStats]:
         cutoff = time.time() - within_s
-        return [s for s in self.peers.values() if s.last_seen >= cutoff]
+        recent = list(itertools.takewhile(lambda s: s.last_seen >= cutoff, reversed(self.peers.values())))
+        return recent[::-1]
 
     def any_proven_active(self, within_s: float) -> bool:
-        """Has a peer seen within ``within_s`` had a batch accepted? Stops at
-        the first: the prompt pool asks this for every holder on every request."""
-        cutoff = time.time() - within_s
-        return any(s.accepted > 0 and s.last_seen >= cutoff for s in self.peers.values())
+        """Has a peer seen within ``within_s`` had a batch accepted? Kept as a
+        time, not a scan: the prompt pool asks this for every holder on every request."""
+        return self._proven_seen_at >= time.time() - within_s
 
     def to_json(self) -> list[dict]:
         now = time.time()

@@ -57,6 +57,16 @@ class Rollouts:
 PromptFactory = Callable[[], tuple[TaskPrompt, tuple[int, ...]]]
 
 
+@dataclass(frozen=True)
+class _Tally:
+    """The live (unanswered, unexpired) prompts at a moment: per peer, how
+    many and since when it holds its oldest; and the next deadline."""
+
+    held: Counter[str]
+    since: dict[str, float]
+    next_expiry: float
+
+
 class PromptPool:
     def __init__(
         self,
@@ -76,6 +86,13 @@ class PromptPool:
         # (it remembers ``memory``), and a learner serving many nodes asks
         # these questions on every work request.
         self.unanswered: OrderedDict[int, Assignment] = OrderedDict()
+        # Prompts of this round (made for ``min_version`` or newer) ever
+        # handed to each peer, kept as assignments change (``handed``).
+        self._handed: Counter[str] = Counter()
+        # What ``_tally`` found, and until when it holds: every change of an
+        # assignment bumps ``_edits``; the next deadline changes what is live.
+        self._edits = 0
+        self._tallied: tuple[int, float, _Tally] | None = None
         self.buffer: deque[Rollouts] = deque()
         self.next_prompt_id = 0
         self.open = False  # the learner opens it once a version is out
@@ -101,15 +118,40 @@ class PromptPool:
 
     def handed(self, peer: str) -> int:
         """Prompts of this round (made for ``min_version`` or newer) ever handed to ``peer``."""
-        return sum(1 for a in self.assignments.values() if a.version >= self.min_version and peer in a.holders)
+        return self._handed[peer]
+
+    def _count(self, a: Assignment, sign: int) -> None:
+        """Add (1) or take away (-1) what ``a`` adds to ``_handed``."""
+        if a.version >= self.min_version:
+            for peer in set(a.holders):
+                self._handed[peer] += sign
+                if not self._handed[peer]:
+                    del self._handed[peer]
+
+    def _tally(self) -> _Tally:
+        """The live prompts now; one pass, shared by every question asked
+        before the next change (a crowd of waiting work requests asks them all
+        at each change)."""
+        now = trio.current_time()
+        if self._tallied is not None:
+            edits, until, tally = self._tallied
+            if edits == self._edits and now <= until:
+                return tally
+        held: Counter[str] = Counter()
+        since: dict[str, float] = {}
+        next_expiry = math.inf
+        for a in self.unanswered.values():
+            if self._live(a, now):
+                held[a.peer] += 1
+                since[a.peer] = min(since.get(a.peer, a.handed_at), a.handed_at)
+                next_expiry = min(next_expiry, a.deadline)
+        tally = _Tally(held, since, next_expiry)
+        self._tallied = (self._edits, next_expiry, tally)
+        return tally
 
     def held_since(self) -> dict[str, float]:
         """When each peer was handed the oldest live prompt it holds (trio clock)."""
-        now, since = trio.current_time(), {}
-        for a in self.unanswered.values():
-            if self._live(a, now):
-                since[a.peer] = min(since.get(a.peer, a.handed_at), a.handed_at)
-        return since
+        return dict(self._tally().since)
 
     def unassigned(self, held: Counter[str] | None = None) -> int:
         """Prompts the pool would still hand to peers that count against
@@ -121,13 +163,11 @@ class PromptPool:
 
     def next_expiry(self) -> float:
         """When the next live prompt expires (trio clock; ``inf``: none is live)."""
-        now = trio.current_time()
-        return min((a.deadline for a in self.unanswered.values() if self._live(a, now)), default=math.inf)
+        return self._tally().next_expiry
 
     def held(self) -> Counter[str]:
         """Live (unanswered, unexpired) prompts per peer."""
-        now = trio.current_time()
-        return Counter(a.peer for a in self.unanswered.values() if self._live(a, now))
+        return Counter(self._tally().held)
 
     def take(self, peer: str, max_prompts: int, version: int) -> list[Assignment]:
         """Hand ``peer`` up to ``max_prompts`` prompts to roll out with ``version``.
@@ -161,10 +201,13 @@ class PromptPool:
             self.assignments[a.prompt_id] = self.unanswered[a.prompt_id] = a
             taken.append(a)
         for a in taken:
+            self._count(a, -1)
             a.peer, a.version, a.handed_at, a.lapse_charged = peer, version, now, False
             a.deadline = now + self.assignment_timeout_s
             a.holders.append(peer)
+            self._count(a, +1)
         self._forget(now)
+        self._edits += 1
         return taken
 
     def _forget(self, now: float) -> None:
@@ -176,10 +219,11 @@ class PromptPool:
             return
         done = [pid for pid, a in self.assignments.items() if a.answered or a.deadline < now][:excess]
         for pid in done:
-            del self.assignments[pid]
+            self._count(self.assignments.pop(pid), -1)
             self.unanswered.pop(pid, None)
         while len(self.assignments) > self.memory:  # all live: the bound still holds
-            pid, _ = self.assignments.popitem(last=False)
+            pid, a = self.assignments.popitem(last=False)
+            self._count(a, -1)
             self.unanswered.pop(pid, None)
 
     def _charge_lapses(self, now: float) -> None:
@@ -235,14 +279,18 @@ class PromptPool:
 
     def set_open(self, open_: bool, min_version: int | None = None) -> None:
         self.open = open_
-        if min_version is not None:
+        if min_version is not None and min_version != self.min_version:
             self.min_version = min_version
+            self._handed = Counter()
+            for a in self.assignments.values():
+                self._count(a, +1)
         self._notify()
 
     async def wait_changed(self) -> None:
         await self._changed.wait()
 
     def _notify(self) -> None:
+        self._edits += 1
         self._changed.set()
         self._changed = trio.Event()
 

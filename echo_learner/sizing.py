@@ -58,23 +58,22 @@ def prompts_for(
     cap: int,
     held: int = 0,
     busy_s: float = 0.0,
-    swarm: Sequence[Worker] = (),
-    unassigned: int = 0,
+    round_ends_in_s: float | None = None,
     handed_this_round: int = 0,
 ) -> int:
     """More prompts for a node generating ``rate`` rollouts/s (0: not
     measured yet: one group per request) that holds ``held`` unanswered ones,
     busy for ``busy_s`` more seconds (nodes ask for their next assignment
-    while they generate), in a swarm of measured ``Worker``s (this one among
-    them) with ``unassigned`` prompts of the round not handed out yet, of
-    which it was handed ``handed_this_round`` (``swarm`` empty: size by the
-    deadline alone). At most ``cap`` at once; 0 when what it holds already
-    fills its time."""
+    while they generate), in a swarm whose round ends in ``round_ends_in_s``
+    (``round_end_s`` of its measured workers, this one among them; None:
+    size by the deadline alone), of which it was handed
+    ``handed_this_round``. At most ``cap`` at once; 0 when what it holds
+    already fills its time."""
     if rate <= 0:
         return 1  # what newcomers hold together is bounded by fairness.room
     budget = max(1, int(rate * deadline_s * DEADLINE_SHARE / group_size)) - held
-    if swarm:
-        free_s = round_end_s(swarm, unassigned) - busy_s
+    if round_ends_in_s is not None:
+        free_s = round_ends_in_s - busy_s
         share = int(rate / group_size * free_s + 1e-9)
         budget = min(budget, share if handed_this_round else max(1, share))
     return max(0, min(cap, budget))

@@ -4,7 +4,7 @@ import pytest
 
 from echo_learner import peers as peers_module
 from echo_learner.peers import PeerBook
-from echo_learner.sizing import Worker, prompts_for
+from echo_learner.sizing import Worker, prompts_for, round_end_s
 
 
 class Clock:
@@ -43,7 +43,7 @@ def test_a_peer_struck_for_lapsed_prompts_is_not_seen_again(clock):
     # The honest node now gets the round's last prompt, although it had its
     # share of the round: nobody else is there to take it.
     swarm = [Worker(s.rate / 8, 0.0) for s in b.active(deadline_s)]
-    assert prompts_for(64.0, deadline_s, 8, 16, swarm=swarm, unassigned=1, handed_this_round=4) == 1
+    assert prompts_for(64.0, deadline_s, 8, 16, round_ends_in_s=round_end_s(swarm, 1), handed_this_round=4) == 1
 
 
 def test_three_strikes_ban(clock):

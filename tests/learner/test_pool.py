@@ -1,5 +1,8 @@
 """The prompt pool's bounds: what untried peers hold is extra, never blocking a step."""
 
+import math
+from collections import Counter
+
 import trio
 
 from echo_learner.pool import PromptPool
@@ -105,10 +108,12 @@ async def test_a_batch_refused_after_the_round_moved_on_is_no_lapse(autojump_clo
     assert struck == []
 
 
-async def test_the_unanswered_index_follows_every_change(autojump_clock):
-    """``unanswered`` (what each work request scans) is exactly the
-    remembered assignments not yet answered, through takes, answers,
-    releases, expiries and forgetting."""
+async def test_the_pools_running_counts_follow_every_change(autojump_clock):
+    """What each work request asks the pool, kept as it changes rather than
+    rescanned: ``unanswered`` is exactly the remembered assignments not yet
+    answered, and ``handed``, ``held`` and ``held_since`` say what a full
+    scan says, through takes, answers, releases, expiries, forgetting and
+    new rounds."""
     import random
 
     from echo_learner.pool import Rollouts
@@ -121,7 +126,7 @@ async def test_the_unanswered_index_follows_every_change(autojump_clock):
         peer = rng.choice("abcd")
         move = rng.random()
         if move < 0.4:
-            p.take(peer, rng.randint(1, 3), version=0)
+            p.take(peer, rng.randint(1, 3), version=rng.randint(0, 1))
         elif move < 0.7 and p.unanswered:
             a = rng.choice(list(p.unanswered.values()))
             p.answer(a, Rollouts(0, a.peer, ScoredGroup((1,), ((2,),), ((-1.0,),), (0.0,))))
@@ -129,6 +134,15 @@ async def test_the_unanswered_index_follows_every_change(autojump_clock):
             p.release(peer, list(p.unanswered)[:2])
         elif move < 0.9 and p.buffer:
             p.buffer.popleft()
+        elif move < 0.93:
+            p.set_open(True, min_version=rng.randint(0, 1))
         else:
             await trio.sleep(rng.uniform(0, 4))
         assert list(p.unanswered) == [pid for pid, a in p.assignments.items() if not a.answered]
+        now, live = trio.current_time(), [a for a in p.assignments.values() if p._live(a, trio.current_time())]
+        assert p.held() == Counter(a.peer for a in live)
+        assert p.held_since() == {peer: min(a.handed_at for a in live if a.peer == peer) for peer in p.held()}
+        assert p.next_expiry() == min((a.deadline for a in live), default=math.inf)
+        for peer in "abcd":
+            round_ = [a for a in p.assignments.values() if a.version >= p.min_version and peer in a.holders]
+            assert p.handed(peer) == len(round_), (peer, now)

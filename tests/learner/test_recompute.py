@@ -66,7 +66,13 @@ async def test_waiting_batches_share_a_pass_by_version_up_to_the_cap():
     models = {1: old, 2: new}
     passes: list[Pass] = []
     recomputer = Recomputer(
-        models.get, pad_id=PAD, max_logit_bytes=2**30, temperature=1.0, max_batches=3, on_pass=passes.append
+        models.get,
+        pad_id=PAD,
+        max_logit_bytes=2**30,
+        temperature=1.0,
+        max_batches=3,
+        max_tokens=10**6,
+        on_pass=passes.append,
     )
     work = {1: some_batches(old, 4, seed=2), 2: some_batches(new, 2, seed=3)}
     results: dict[tuple[int, int], object] = {}

@@ -43,14 +43,20 @@ def test_a_step_is_shared_so_that_its_nodes_finish_together():
     rates = [500.0, 125.0, 25.0, 25.0]
     swarm = workers(rates)
     assert round(round_end_s(swarm, 64), 3) == 1.517
-    got = [prompts_for(r, 8, 16, cap=64, swarm=swarm, unassigned=64) for r in rates]
+    got = [prompts_for(r, 8, 16, cap=64, round_ends_in_s=round_end_s(swarm, 64)) for r in rates]
     assert got == [47, 11, 2, 2]
     # Alone, a node takes what its deadline allows, up to the cap.
-    assert prompts_for(500.0, 8, 16, cap=16, swarm=workers([500.0]), unassigned=64) == 16
+    assert prompts_for(500.0, 8, 16, cap=16, round_ends_in_s=round_end_s(workers([500.0]), 64)) == 16
     # What it holds counts against its share.
     assert (
         prompts_for(
-            125.0, 8, 16, cap=64, held=8, busy_s=8 / 7.8125, swarm=workers(rates, [0, 8 / 7.8125, 0, 0]), unassigned=56
+            125.0,
+            8,
+            16,
+            cap=64,
+            held=8,
+            busy_s=8 / 7.8125,
+            round_ends_in_s=round_end_s(workers(rates, [0, 8 / 7.8125, 0, 0]), 56),
         )
         == 3
     )
@@ -64,20 +70,31 @@ def test_late_in_a_step_a_slow_node_that_had_its_share_waits():
     rates = [500.0, 125.0, 25.0, 25.0]
     swarm = workers(rates, [0.512, 0.256, 0.0, 0.0])
     assert round(round_end_s(swarm, 4), 2) == 0.52
-    assert prompts_for(25.0, 8, 16, cap=64, swarm=swarm, unassigned=4, handed_this_round=2) == 0
-    assert prompts_for(125.0, 8, 16, cap=64, held=2, busy_s=0.256, swarm=swarm, unassigned=4, handed_this_round=8) == 2
+    assert prompts_for(25.0, 8, 16, cap=64, round_ends_in_s=round_end_s(swarm, 4), handed_this_round=2) == 0
+    assert (
+        prompts_for(
+            125.0, 8, 16, cap=64, held=2, busy_s=0.256, round_ends_in_s=round_end_s(swarm, 4), handed_this_round=8
+        )
+        == 2
+    )
     swarm = workers(rates, [0.512, 0.512, 0.0, 0.0])
     assert (
-        prompts_for(500.0, 8, 16, cap=64, held=16, busy_s=0.512, swarm=swarm, unassigned=2, handed_this_round=32) == 1
+        prompts_for(
+            500.0, 8, 16, cap=64, held=16, busy_s=0.512, round_ends_in_s=round_end_s(swarm, 2), handed_this_round=32
+        )
+        == 1
     )
     # But every node gets one group each round, however slow.
-    assert prompts_for(25.0, 8, 16, cap=64, swarm=swarm, unassigned=4) == 1
-    assert prompts_for(1.0, 8, 16, cap=64, swarm=workers([1000.0, 1.0]), unassigned=2) == 1
+    assert prompts_for(25.0, 8, 16, cap=64, round_ends_in_s=round_end_s(swarm, 4)) == 1
+    assert prompts_for(1.0, 8, 16, cap=64, round_ends_in_s=round_end_s(workers([1000.0, 1.0]), 2)) == 1
     # While another node is busy longer anyway, a slow one may fill the time.
     swarm = workers(rates, [0.1, 2.0, 0.0, 0.0])
-    assert prompts_for(25.0, 8, 16, cap=64, swarm=swarm, unassigned=10, handed_this_round=2) == 3
+    assert prompts_for(25.0, 8, 16, cap=64, round_ends_in_s=round_end_s(swarm, 10), handed_this_round=2) == 3
     # The round's last prompt still goes to someone: nodes alike each may take it.
-    assert prompts_for(100.0, 8, 16, cap=64, swarm=workers([100.0] * 4), unassigned=1, handed_this_round=4) == 1
+    assert (
+        prompts_for(100.0, 8, 16, cap=64, round_ends_in_s=round_end_s(workers([100.0] * 4), 1), handed_this_round=4)
+        == 1
+    )
 
 
 @given(
@@ -95,6 +112,12 @@ def test_the_round_model_ends_when_every_prompt_is_done(rates, busy, unassigned)
     assert any(w.rate * (end - w.busy_s) >= 1 - 1e-9 for w in swarm)
     for w in swarm:
         n = prompts_for(
-            w.rate * 16, 3600, 16, cap=512, busy_s=w.busy_s, swarm=swarm, unassigned=unassigned, handed_this_round=1
+            w.rate * 16,
+            3600,
+            16,
+            cap=512,
+            busy_s=w.busy_s,
+            round_ends_in_s=round_end_s(swarm, unassigned),
+            handed_this_round=1,
         )
         assert w.busy_s + n / w.rate <= end * (1 + 1e-9)  # never past the round's end
