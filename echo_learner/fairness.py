@@ -35,18 +35,18 @@ def room(
 ) -> int:
     """How many more prompts ``peer`` may be handed now.
 
-    ``active``: peers that asked for work recently (``peer`` among them);
-    ``proven``: peers with at least one accepted batch; ``held``: live
-    (unanswered, unexpired) prompts per peer.
+    ``active``: peers that asked for work recently (``peer`` among them, or
+    counted as if it were); ``proven``: those of them with at least one
+    accepted batch; ``held``: live (unanswered, unexpired) prompts per peer.
+    A learner asks on every work request: pass sets, nothing here copies them.
     """
-    proven_active = {p for p in active if p in proven}
     if peer in proven:
-        sharers = len(proven_active | {peer})
+        sharers = len(proven)
     else:
-        sharers = len(set(active) | {peer})
+        sharers = len(active) + (peer not in active)
     fair = max(per_request, -(-capacity // sharers))
     left = fair - held[peer]
-    if peer not in proven and proven_active:
+    if peer not in proven and proven:
         newcomers_cap = max(per_request, int(capacity * newcomer_share))
         left = min(left, newcomers_cap - sum(n for p, n in held.items() if p not in proven))
     return max(0, left)

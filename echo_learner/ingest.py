@@ -118,6 +118,7 @@ class Ingest:
         self._asking: Counter[str] = Counter()  # work requests under way per peer
         self._waiting = 0  # work requests waiting for the pool to change
         self._round_model: tuple[float, float | None] | None = None  # (worked out at, the round's end)
+        self._active: tuple[float, set[str], set[str]] | None = None  # (looked up at, active, proven)
         # Work requests refused for being over the limit, per peer (bounded:
         # cleared past max_peers_tracked peers).
         self._refusals: Counter[str] = Counter()
@@ -319,16 +320,26 @@ class Ingest:
 
     def _room_for(self, peer: str, held: Counter[str]) -> int:
         """How many more prompts ``peer`` may hold now (echo_learner.fairness)."""
-        active = [s.peer for s in self.peers.active(self.config.assignment_timeout_s)]
+        active, proven = self._activity()
         return fairness.room(
             peer,
             capacity=self.pool.capacity,
             per_request=self.config.prompts_per_request,
             newcomer_share=self.config.newcomer_share,
             active=active,
-            proven={p for p in active if self.peers.peers[p].accepted > 0},
+            proven=proven,
             held=held,
         )
+
+    def _activity(self) -> tuple[set[str], set[str]]:
+        """The peers that asked for work recently, and those of them with an
+        accepted batch; looked up at most every ROUND_MODEL_S, as the round's
+        model is (a newcomer missing from them is counted as if it were there)."""
+        now = trio.current_time()
+        if self._active is None or now - self._active[0] >= ROUND_MODEL_S:
+            active = {s.peer for s in self.peers.active(self.config.assignment_timeout_s)}
+            self._active = (now, active, {p for p in active if self.peers.peers[p].accepted > 0})
+        return self._active[1], self._active[2]
 
     def _assignment(self, version: int, oldest: int, taken: list[Assignment]) -> WorkAssignment:
         cfg = self.config

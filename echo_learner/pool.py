@@ -166,8 +166,9 @@ class PromptPool:
         return self._tally().next_expiry
 
     def held(self) -> Counter[str]:
-        """Live (unanswered, unexpired) prompts per peer."""
-        return Counter(self._tally().held)
+        """Live (unanswered, unexpired) prompts per peer (shared until the
+        next change: read it, do not change it)."""
+        return self._tally().held
 
     def take(self, peer: str, max_prompts: int, version: int) -> list[Assignment]:
         """Hand ``peer`` up to ``max_prompts`` prompts to roll out with ``version``.
