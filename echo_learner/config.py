@@ -167,6 +167,12 @@ class LearnerConfig(ConnectionSettings):
         lo=0.1,
     )
     long_poll_s: float = setting(10.0, "seconds a work request waits for prompts before the answer 'no work'", lo=0)
+    busy_lag_ms: float = setting(
+        100.0,
+        "when the learner's event loop runs this late on average, it is at capacity: new work requests "
+        "are answered 'busy' at once with a time to come back, and nodes keep delivering what they hold",
+        lo=1,
+    )
     max_waiting_requests: int = setting(
         64,
         "work requests held open at once, from all peers; past it, a request that finds no prompts open "

@@ -26,6 +26,7 @@ from echo_learner.capacity import CapacityMeter, window_left_s
 from echo_learner.config import LearnerConfig
 from echo_learner.cpu_split import CpuSplit
 from echo_learner.ledger import CREDIT_PER_TOKEN, Ledger, Row
+from echo_learner.loop_lag import LoopLag
 from echo_learner.peers import PeerBook, PeerStats
 from echo_learner.pool import Assignment, PromptPool, Rollouts
 from echo_learner.recompute import Pass, Recomputer
@@ -102,6 +103,7 @@ class Ingest:
         self.current_version = current_version
         self.counters = Counters()
         self.cpu = CpuSplit()
+        self.lag = LoopLag()
         self.recomputer = Recomputer(
             policies.get,
             pad_id=pad_id,
@@ -140,6 +142,13 @@ class Ingest:
         self.peers.on_work_request(peer, req, via)
         if req.job_id != self.job_id:
             return ErrorReply(UNKNOWN_JOB, f"this learner runs {self.job_id}")
+        if self.lag.lag_s * 1000 > self.config.busy_lag_ms:
+            return NoWork(
+                self.job_id,
+                max(self.current_version(), 0),
+                retry_after_ms=self._busy_retry_ms(),
+                reason="busy: the learner is at capacity; ask again after retry_after_ms",
+            )
         if self._asking[peer] >= self.config.max_work_requests:
             # An honest node never gets here; a peer that keeps trying does,
             # and each REFUSALS_PER_STRIKE-th refusal is a strike.
@@ -158,6 +167,13 @@ class Ingest:
             self._asking[peer] -= 1
             if not self._asking[peer]:
                 del self._asking[peer]
+
+    def _busy_retry_ms(self) -> int:
+        """When a request turned away at capacity should come back: a long
+        poll's time, longer the later the loop runs, spread over +-25 %."""
+        cfg = self.config
+        wait_s = cfg.long_poll_s * self.lag.lag_s * 1000 / cfg.busy_lag_ms
+        return int(min(max(wait_s, 1.0), MAX_RETRY_S) * random.uniform(0.75, 1.25) * 1000)
 
     def _retry_after_ms(self) -> int:
         """When a request turned away for a full waiting room should come back:

@@ -150,8 +150,9 @@ class PromptPool:
         return tally
 
     def held_since(self) -> dict[str, float]:
-        """When each peer was handed the oldest live prompt it holds (trio clock)."""
-        return dict(self._tally().since)
+        """When each peer was handed the oldest live prompt it holds (trio
+        clock; shared until the next change: read it, do not change it)."""
+        return self._tally().since
 
     def unassigned(self, held: Counter[str] | None = None) -> int:
         """Prompts the pool would still hand to peers that count against

@@ -253,6 +253,7 @@ class Learner:
                 await nursery.start(self.engine.run)
                 nursery.start_soon(self.heldout.run)
                 nursery.start_soon(self.ingest.recomputer.run)
+                nursery.start_soon(self.ingest.lag.run)
                 nursery.start_soon(self.pacing.check_forecasts)
                 api_url = await nursery.start(serve_api, self, cfg.status_host, cfg.status_port, cfg.status_token)
                 # Atomically: `status`, the demo and tests read it while we run.
@@ -555,7 +556,7 @@ class Learner:
             "broadcast": self._broadcast_status(),
             "bootstrap": self.bootstrap_probe.to_json() if self.bootstrap_probe else [],
             "addrs": self.addrs,
-            "load": self.ingest.cpu.to_json(),
+            "load": {**self.ingest.cpu.to_json(), "loop_lag_ms": round(self.ingest.lag.lag_s * 1000, 1)},
         }
 
     def _broadcast_status(self) -> dict:

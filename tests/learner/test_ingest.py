@@ -16,7 +16,7 @@ from echo_learner.ingest import Ingest
 from echo_learner.ledger import Ledger
 from echo_learner.peers import PeerBook
 from echo_learner.tasks.reverse import ReverseTask
-from protocol.wire.work import NoWork, WorkRequest
+from protocol.wire.work import NoWork, WorkAssignment, WorkRequest
 from tests.learner.test_verify import GOOD, LIMITS, pool_with_prompt_7
 from tests.protocol.samples import LEARNER, NODE, batch
 
@@ -140,5 +140,30 @@ async def test_past_the_waiting_room_a_work_request_is_told_when_to_come_back(au
             assert 0.75 * 30_000 <= no_work.retry_after_ms <= 1.25 * 30_000
         # The two in the room waited their long poll out, as before.
         assert [(answers[p][0].retry_after_ms, answers[p][1]) for p in "ab"] == [(0, 30), (0, 30)]
+    finally:
+        ledger.close()
+
+
+async def test_a_learner_at_capacity_turns_new_work_away_and_takes_what_nodes_hold(autojump_clock, tmp_path):
+    """When the event loop runs late (--busy-lag-ms), a work request is
+    answered 'busy' at once with a time to come back; a batch for prompts a
+    node already holds is still judged."""
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    config = LearnerConfig(data_dir=tmp_path, long_poll_s=10, busy_lag_ms=100)
+    peers = PeerBook(strikes_to_ban=3, strike_window_s=600, ban_s=600, max_peers=100)
+    ingest = ingest_for(config, ledger, pool_with_prompt_7(), v.Policies(keep=3), peers, CapacityMeter(60.0), 3)
+    try:
+        ingest.lag.lag_s = 0.3  # three times the bound: as a saturated loop measures it
+        reply = await ingest._work("newcomer", "direct", REQUEST)
+        assert isinstance(reply, NoWork) and reply.reason.startswith("busy")
+        assert trio.current_time() == 0  # at once, not after a long poll
+        assert 0.75 * 30_000 <= reply.retry_after_ms <= 1.25 * 30_000  # 10 s x 3, spread
+        # A batch is still judged and recorded (a forged one here: no model needed to judge it).
+        forged = dataclasses.replace(batch(groups=(GOOD,)), generate_ms=99)
+        receipt = await ingest._judge(NODE.peer_id_str, forged)
+        assert (receipt.verdict, receipt.reason) == ("refused", v.BAD_SIGNATURE)
+        assert len(ledger.receipts(NODE.peer_id_str, 0, 10)) == 1
+        ingest.lag.lag_s = 0.0
+        assert isinstance(await ingest._work("newcomer", "direct", REQUEST), WorkAssignment)
     finally:
         ledger.close()
