@@ -135,11 +135,14 @@ class Node:
                 await announce(self.swarm, RELAY_DIRECTORY_KEY, self.config.request_timeout_s)
             await trio.sleep(self.config.reachability_every_s)
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Work until cancelled. Reports the learner's peer id when joined."""
+    @asynccontextmanager
+    async def following(self) -> AsyncIterator[Swarm]:
+        """Joined, with the learner's versions followed through the broadcast
+        (``Weights.follow``) until the block ends."""
         cfg = self.config
         async with self.joined() as swarm, trio.open_nursery() as nursery:
             assert self.learner is not None and self.record is not None and self.weights is not None
+            assert self.backend is not None
             learner_id = self.learner.to_base58()
             self.weights.fit_job(self.record.model_config)
             store = VersionStore(cfg.weights_dir(self.job_id), learner_id=learner_id, keep=cfg.keep_versions)
@@ -159,6 +162,16 @@ class Node:
             await nursery.start(self.engine.run)
             self.weights.engine, self.weights.learner_id = self.engine, learner_id
             nursery.start_soon(self.weights.follow)
+            try:
+                yield swarm
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Work until cancelled. Reports the learner's peer id when joined."""
+        cfg = self.config
+        async with self.following() as swarm, trio.open_nursery() as nursery:
+            assert self.learner is not None
             assert swarm.relay is not None
             await nursery.start(swarm.relay.run)
             nursery.start_soon(self._watch_reachability)
