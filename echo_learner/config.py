@@ -168,7 +168,7 @@ class LearnerConfig(ConnectionSettings):
     )
     long_poll_s: float = setting(10.0, "seconds a work request waits for prompts before the answer 'no work'", lo=0)
     busy_lag_ms: float = setting(
-        100.0,
+        250.0,
         "when the learner's event loop runs this late on average, it is at capacity: new work requests "
         "are answered 'busy' at once with a time to come back, and nodes keep delivering what they hold",
         lo=1,

@@ -50,9 +50,6 @@ log = logging.getLogger(__name__)
 REFUSALS_PER_STRIKE = 10
 # The longest a busy learner tells a node to wait before asking again.
 MAX_RETRY_S = 60.0
-# How long the model of the round's end is reused: nodes' rates and holdings
-# change over seconds, and every work request asks it.
-ROUND_MODEL_S = 0.25
 
 
 def now_ms() -> int:
@@ -119,8 +116,6 @@ class Ingest:
         self._verifying: set[tuple[str, bytes]] = set()
         self._asking: Counter[str] = Counter()  # work requests under way per peer
         self._waiting = 0  # work requests waiting for the pool to change
-        self._round_model: tuple[float, float | None] | None = None  # (worked out at, the round's end)
-        self._active: tuple[float, set[str], set[str]] | None = None  # (looked up at, active, proven)
         # Work requests refused for being over the limit, per peer (bounded:
         # cleared past max_peers_tracked peers).
         self._refusals: Counter[str] = Counter()
@@ -321,18 +316,14 @@ class Ingest:
     def _round_ends_at(self, held: Counter[str]) -> float | None:
         """When the round ends in the learner's model (``sizing.round_end_s``
         over every measured active node; trio clock), None with no such node.
-        Worked out at most every ROUND_MODEL_S: it looks at every node, and a
-        learner serving a thousand of them is asked on every work request."""
+        (Reusing it for 0.25 s across requests stalled sync rounds: a model
+        from the end of one round sized the next.)"""
         now = trio.current_time()
-        if self._round_model is not None and now - self._round_model[0] < ROUND_MODEL_S:
-            return self._round_model[1]
         since = self.pool.held_since()
         workers = [
             self._worker(s, held, since, now) for s in self.peers.active(self.config.assignment_timeout_s) if s.rate > 0
         ]
-        ends_at = now + round_end_s(workers, self.pool.unassigned(held)) if workers else None
-        self._round_model = (now, ends_at)
-        return ends_at
+        return now + round_end_s(workers, self.pool.unassigned(held)) if workers else None
 
     def _room_for(self, peer: str, held: Counter[str]) -> int:
         """How many more prompts ``peer`` may hold now (echo_learner.fairness)."""
@@ -349,13 +340,9 @@ class Ingest:
 
     def _activity(self) -> tuple[set[str], set[str]]:
         """The peers that asked for work recently, and those of them with an
-        accepted batch; looked up at most every ROUND_MODEL_S, as the round's
-        model is (a newcomer missing from them is counted as if it were there)."""
-        now = trio.current_time()
-        if self._active is None or now - self._active[0] >= ROUND_MODEL_S:
-            active = {s.peer for s in self.peers.active(self.config.assignment_timeout_s)}
-            self._active = (now, active, {p for p in active if self.peers.peers[p].accepted > 0})
-        return self._active[1], self._active[2]
+        accepted batch."""
+        active = {s.peer for s in self.peers.active(self.config.assignment_timeout_s)}
+        return active, {p for p in active if self.peers.peers[p].accepted > 0}
 
     def _assignment(self, version: int, oldest: int, taken: list[Assignment]) -> WorkAssignment:
         cfg = self.config
