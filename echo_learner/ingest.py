@@ -88,7 +88,6 @@ class Ingest:
         self.job_id = job_id
         self.task = task
         self.decode = decode
-        self.pad_id = pad_id
         self.limits = limits
         pool.on_lapsed = self._lapsed
         pool.provisional = self._provisional
