@@ -14,11 +14,15 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+_UNLIMITED = 10_000  # columns: wider than any row we print
+
 
 def print_table(columns: Sequence[str], rows: Iterable[Sequence[object]], *, numeric: Sequence[str] = ()) -> None:
     """Print ``rows`` under ``columns``; the ``numeric`` columns right-aligned."""
-    console = Console()
-    terminal = console.is_terminal
+    # Piped, lines are as long as the data: rich caps a print's width at the
+    # console's, which is an 80-column guess when there is no terminal.
+    terminal = Console().is_terminal
+    console = Console() if terminal else Console(width=_UNLIMITED)
     table = Table(
         box=box.SIMPLE_HEAD if terminal else None,
         header_style="bold" if terminal else "",
@@ -29,8 +33,7 @@ def print_table(columns: Sequence[str], rows: Iterable[Sequence[object]], *, num
         table.add_column(name, justify="right" if name in numeric else "left", no_wrap=True)
     for row in rows:
         table.add_row(*(str(cell) for cell in row))
-    # Piped, lines are as long as the data (no wrapping at an 80-column guess).
-    console.print(table, width=None if terminal else 10_000, crop=False, soft_wrap=not terminal)
+    console.print(table, crop=False, soft_wrap=not terminal)
 
 
 def print_fields(fields: Iterable[tuple[str, object]]) -> None:

@@ -42,3 +42,14 @@ def test_fields_in_a_terminal_have_bold_labels(capsys, monkeypatch):
     print_fields([("job", "reverse-abc"), ("credit", 12)])
     out = capsys.readouterr().out
     assert "\x1b[1mjob" in out and "reverse-abc" in out and "12" in out
+
+
+def test_piped_rows_wider_than_80_columns_are_never_cut(capsys, monkeypatch):
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    peer = "12D3KooWQ9tSfsvjKxe1EGuxG3SyVzsPtE4fXL7JmWbDvWVT2cHs"
+    row = (peer, "llama.cpp", "12", "accepted 3,456 batches; last seen 2 s ago from /ip4/203.0.113.7/tcp/4001")
+    print_table(("peer", "backend", "version", "note"), [row])
+    lines = capsys.readouterr().out.splitlines()
+    assert "…" not in "".join(lines)
+    assert lines[1].split(None, 3) == list(row)
