@@ -5,6 +5,7 @@ Each check gives ``ok``, ``warn`` (works, but worse than it could) or ``fail``
 is ok, what to do about it. In order:
 
   backends    llama.cpp / torch installed, GPU offload or CUDA available
+  node        whether a node is running with this data dir (then left alone)
   bootstrap   each bootstrap peer answers a ping
   job         the job's record is in the DHT and its learner signature is valid
   learner     the learner answers, and how we reach it (direct or relayed)
@@ -16,8 +17,11 @@ is ok, what to do about it. In order:
   disk        disk its versions need against free disk in --data-dir
   upload      a two-second upload estimate to a bootstrap peer
 
-The doctor writes nothing: it uses the node's identity if it has one, a
-throwaway one otherwise.
+The doctor writes nothing and never speaks as the node: it uses a throwaway
+identity. A second connection under a running node's peer id would make the
+learner close the node's own (py-libp2p keeps one connection per peer, the
+newest). Beside a running node it also listens on a port of its own, and
+says so: the node's reachability is then in ``echo-node status``.
 """
 
 from __future__ import annotations
@@ -29,13 +33,14 @@ from pathlib import Path
 
 from libp2p.peer.peerinfo import PeerInfo
 
+from echo_node import status
 from echo_node.backend_choice import BackendUnavailable, choose, spec_of, specs
 from echo_node.config import NodeConfig
 from echo_node.device import Device, cpu
 from echo_node.guard import Refused, model_shape
 from echo_node.memory import GiB, choose_dtype, free_bytes, gib, load_need
 from protocol.host import parse_peer_addr
-from protocol.identity import Identity, load
+from protocol.identity import Identity
 from protocol.probe import measure_upload, try_punch
 from protocol.reachability import PRIVATE, PUBLIC, check_reachability
 from protocol.rpc import route
@@ -140,8 +145,13 @@ def check_upnp(mapper: PortMapper | None, public: bool, port: int | None) -> Che
 async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s: float) -> list[Check]:
     """Run every check; never raises for what it finds."""
     checks = [check_backends(config)]
-    identity = load(config.identity_path) if config.identity_path.exists() else Identity.generate()
-    async with open_swarm(identity, config.listen, server=True, relays=config.bootstrap, upnp=config.upnp) as swarm:
+    listen = config.listen
+    running = _running_node(config)
+    if running is not None:
+        checks.append(running)
+        listen = [_any_port(addr) for addr in listen]  # the node holds its own
+    identity = Identity.generate()
+    async with open_swarm(identity, listen, server=True, relays=config.bootstrap, upnp=config.upnp) as swarm:
         host = swarm.host
         answering = []
         for addr in config.bootstrap:
@@ -313,6 +323,29 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
         except Exception as exc:  # the probe failed: report, do not guess
             checks.append(Check("upload", WARN, f"could not measure ({type(exc).__name__})", ""))
     return checks
+
+
+def _running_node(config: NodeConfig) -> Check | None:
+    """A node running with this data dir, as the first finding (None if there is none)."""
+    try:
+        data = status.read(config.status_path)
+    except status.NotRunning:
+        return None
+    reach = data.get("reachability", {}).get("status", "unknown")
+    return Check(
+        "node",
+        OK,
+        f"a node is running with this data dir (pid {data.get('pid')}, version {data.get('version')}, "
+        f"reachability {reach}); the checks below use a throwaway identity and port, so they do not disturb it",
+    )
+
+
+def _any_port(addr: str) -> str:
+    """``addr`` with its TCP port left to the system (tcp/0)."""
+    parts = addr.split("/")
+    if "tcp" in parts:
+        parts[parts.index("tcp") + 1] = "0"
+    return "/".join(parts)
 
 
 def _listen_port(host) -> int:  # type: ignore[no-untyped-def]

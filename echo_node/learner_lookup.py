@@ -10,12 +10,16 @@ answers at the address.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import multiaddr
 import trio
+from libp2p.abc import IHost
 from libp2p.network.exceptions import SwarmException
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
+from libp2p.peer.peerstore import PERMANENT_ADDR_TTL
 
 from echo_node.config import NodeConfig
 from protocol.host import parse_multiaddr
@@ -36,6 +40,24 @@ class NoLearnerFound(LookupError):
 class FoundLearner:
     peer: ID
     record: Manifest  # its signed manifest record, as found in the DHT
+    addrs: tuple[multiaddr.Multiaddr, ...]  # where it answered
+
+
+def pin_learner(host: IHost, learner: ID, addrs: Sequence[multiaddr.Multiaddr]) -> None:
+    """Make ``addrs`` the learner's addresses in the peerstore, for good, and
+    allow a redial at once.
+
+    py-libp2p forgets a peer's addresses 2 minutes to 2 hours after whoever
+    added them last (a connect: 2 minutes), and refuses to redial a peer for
+    60 s after a failed dial. A node whose connection to the learner drops
+    later (the learner closes it when another connection under the node's
+    peer id arrives, a NAT forgets it) could then not redial until the DHT
+    told it again where the learner is.
+    """
+    if not addrs:
+        return
+    host.get_network().unblock_peer(learner)
+    host.get_peerstore().add_addrs(learner, list(addrs), PERMANENT_ADDR_TTL)
 
 
 async def find_learner(swarm: Swarm, config: NodeConfig, learner_addrs: tuple[str, ...] = ()) -> FoundLearner:
@@ -71,25 +93,23 @@ async def find_learner(swarm: Swarm, config: NodeConfig, learner_addrs: tuple[st
     raise NoLearnerFound(f"no learner{' ' + wanted if wanted else ''} found in the DHT within {patience:.0f} s")
 
 
-async def relocate_learner(swarm: Swarm, learner: ID, request_timeout_s: float) -> bool:
+async def relocate_learner(
+    swarm: Swarm, learner: ID, known: Sequence[multiaddr.Multiaddr], request_timeout_s: float
+) -> tuple[multiaddr.Multiaddr, ...]:
     """Look the learner up again in the DHT: a learner restarted on another
     port or machine announces its new addresses there. Only the learner's
-    own peer id is followed. True if it has new addresses (now in the peerstore)."""
+    own peer id is followed. Its addresses now (``known`` if the DHT has
+    none), pinned in the peerstore (``pin_learner``)."""
     found = await find_providers(swarm, JOB_DIRECTORY_KEY, request_timeout_s)
     info = found.get(learner.to_base58())
-    if info is None or not info.addrs:
-        return False
-    host = swarm.host
-    # py-libp2p refuses to redial a peer for 60 s after a failed dial; the
-    # learner may be back (here or elsewhere) well before that.
-    host.get_network().unblock_peer(learner)
-    known = set(map(str, host.get_peerstore().addrs(learner)))
-    if known == set(map(str, info.addrs)):
-        return False
-    host.get_peerstore().clear_addrs(learner)
-    host.get_peerstore().add_addrs(learner, info.addrs, 3600)
-    event(log, logging.WARNING, "the learner moved; trying its new address", addrs=[str(a) for a in info.addrs])
-    return True
+    addrs = tuple(known)
+    if info is not None and info.addrs:
+        if not set(map(str, info.addrs)) & set(map(str, known)):
+            event(log, logging.WARNING, "the learner moved; trying its new address", addrs=[str(a) for a in info.addrs])
+            swarm.host.get_peerstore().clear_addrs(learner)
+        addrs = tuple(info.addrs)
+    pin_learner(swarm.host, learner, addrs)
+    return addrs
 
 
 async def _try_learner(swarm: Swarm, config: NodeConfig, info: PeerInfo) -> FoundLearner | None:
@@ -108,4 +128,5 @@ async def _try_learner(swarm: Swarm, config: NodeConfig, info: PeerInfo) -> Foun
     if config.job_id and record.job_id != config.job_id:
         event(log, logging.INFO, "skipping learner of another job", peer=info.peer_id, job=record.job_id)
         return None
-    return FoundLearner(info.peer_id, record)
+    pin_learner(swarm.host, info.peer_id, info.addrs)
+    return FoundLearner(info.peer_id, record, tuple(info.addrs))

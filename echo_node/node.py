@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import multiaddr
 import trio
 from libp2p.peer.id import ID
 
@@ -73,6 +74,7 @@ class Node:
         self.swarm: Swarm | None = None
         self.engine: BroadcastEngine | None = None
         self.learner: ID | None = None
+        self._learner_at: tuple[multiaddr.Multiaddr, ...] = ()  # where it answered last
         self.record: Manifest | None = None  # the learner's DHT record, as found
         self.job_id = ""
         self.rollouts_sent = 0
@@ -207,17 +209,24 @@ class Node:
                     await trio.sleep(self._backoff_s(refused))
                     continue
                 except (RequestFailed, ProtocolError) as exc:
-                    if failures == 0:
-                        event(log, logging.WARNING, "lost the learner; retrying", error=exc)
                     failures += 1
+                    # One failure is often a dropped connection to a learner
+                    # still there, redialled on the next try (relocate pins its
+                    # addresses); only the second calls the learner lost.
+                    if failures == 1:
+                        event(log, logging.INFO, "request to the learner failed; retrying", error=exc)
+                    elif failures == 2:
+                        event(log, logging.WARNING, "lost the learner; retrying", error=exc)
                     # Exponential backoff for a learner that may be restarting
                     # or gone, not synchronisation.
                     await trio.sleep(self._backoff_s(failures))
-                    await relocate_learner(self.swarm, self.learner, self.config.request_timeout_s)
+                    self._learner_at = await relocate_learner(
+                        self.swarm, self.learner, self._learner_at, self.config.request_timeout_s
+                    )
                     continue
-                if failures:
+                if failures > 1:
                     event(log, logging.WARNING, "learner is back", after_failures=failures)
-                    failures = 0
+                failures = 0
             await assignments.send(assignment)
 
     def _backoff_s(self, tries: int) -> float:
@@ -264,6 +273,7 @@ class Node:
         assert self.swarm is not None
         found = await find_learner(self.swarm, self.config, self.learner_addrs)
         self.learner, self.record, self.job_id = found.peer, found.record, found.record.job_id
+        self._learner_at = found.addrs
 
     async def _delay(self) -> None:
         """Emulated wide-area latency before a learner message (benchmarks only)."""

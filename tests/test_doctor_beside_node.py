@@ -1,0 +1,63 @@
+"""``echo-node doctor`` run beside a working node, with the same data dir,
+leaves that node alone (real bootstrap, learner and node processes on loopback)."""
+
+import json
+import time
+
+from echo_node import status
+
+
+def node_status(swarm) -> dict:
+    try:
+        return status.read(swarm.root / "node0" / "status.json")
+    except status.NotRunning:
+        return {}
+
+
+def wait_for(predicate, timeout_s: float, what: str, swarm) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        for name, proc in swarm.procs.items():
+            assert proc.poll() is None, f"{name} exited: " + (swarm.root / f"{name}.log").read_text()[-2000:]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)  # polling a file the node rewrites every 2 s
+
+
+def test_doctor_beside_a_running_node_does_not_disturb_it(swarm_factory):
+    swarm = swarm_factory
+    swarm.start_bootstrap()
+    swarm.start_learner("--mode", "async", "--steps", "100000")
+    swarm.start_node(0, "-v")  # a failed request is logged at info
+    wait_for(lambda: node_status(swarm).get("batches_accepted", 0) >= 5, 180, "the node's first batches", swarm)
+    # The condition under test, not a synchronisation: py-libp2p never
+    # closes a connection in its first 20 s (its grace period), so the
+    # node's connection to the learner must be older than that.
+    working_since = time.monotonic()
+    wait_for(lambda: time.monotonic() - working_since > 25, 60, "the node's connection to age", swarm)
+
+    done = swarm.run(
+        "node0",
+        "echo_node",
+        "doctor",
+        "--json",
+        "--bootstrap",
+        swarm.bootstrap_addr,
+        "--listen",
+        swarm.listen,
+        "--data-dir",
+        str(swarm.root / "node0"),
+        timeout_s=120,
+    )
+    report = json.loads(done.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["ok"] and checks["learner"]["status"] == "ok", done.stdout + done.stderr
+    assert "a node is running with this data dir" in checks["node"]["detail"]
+
+    # py-libp2p keeps one connection per peer: a doctor speaking as the node
+    # made the learner close the node's own, at once and again a grace period
+    # later. Twenty more accepted batches span both.
+    after = node_status(swarm)["batches_accepted"]
+    wait_for(lambda: node_status(swarm).get("batches_accepted", 0) >= after + 20, 120, "more accepted batches", swarm)
+    log = (swarm.root / "node0.log").read_text()
+    for trouble in ("request to the learner failed", "lost the learner", "not delivered"):
+        assert trouble not in log, log[-3000:]
