@@ -59,6 +59,7 @@ from protocol.logs import event
 from protocol.messages import MAX_PROMPT_TOKENS, Manifest
 from protocol.progress import progress
 from protocol.rpc import serve
+from protocol.runtime import task_count
 from protocol.swarm import Swarm, connect_bootstrap, open_swarm
 from protocol.wire import receipts, rollout, work
 from protocol.wire.have import Have
@@ -556,7 +557,11 @@ class Learner:
             "broadcast": self._broadcast_status(),
             "bootstrap": self.bootstrap_probe.to_json() if self.bootstrap_probe else [],
             "addrs": self.addrs,
-            "load": {**self.ingest.cpu.to_json(), "loop_lag_ms": round(self.ingest.lag.lag_s * 1000, 1)},
+            "load": {
+                **self.ingest.cpu.to_json(),
+                "loop_lag_ms": round(self.ingest.lag.lag_s * 1000, 1),
+                "tasks": task_count(),
+            },
         }
 
     def _broadcast_status(self) -> dict:

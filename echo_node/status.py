@@ -20,6 +20,7 @@ from libp2p.peer.id import ID
 from protocol.dial import current_route
 from protocol.files import write_atomic
 from protocol.host import full_addrs
+from protocol.runtime import task_count
 
 if TYPE_CHECKING:
     from echo_node.backend import Backend
@@ -68,6 +69,7 @@ def snapshot(node: Node) -> dict[str, Any]:
         "chunks_from": dict(node.engine.stats.chunks_from) if node.engine else {},
         "rollouts_sent": node.rollouts_sent,
         "batches_accepted": node.receipts_accepted,
+        "tasks": task_count(),
     }
 
 

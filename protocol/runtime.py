@@ -49,3 +49,14 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
     for exc in group.exceptions:
         out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
     return out
+
+
+def task_count() -> int:
+    """Trio tasks alive in this run, the root included (a leak shows as growth)."""
+    count, todo = 0, [trio.lowlevel.current_root_task()]
+    while todo:
+        task = todo.pop()
+        count += 1
+        for nursery in task.child_nurseries:
+            todo.extend(nursery.child_tasks)
+    return count
