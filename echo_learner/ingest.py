@@ -222,10 +222,9 @@ class Ingest:
         return NoWork(self.job_id, max(self.current_version(), 0), retry_after_ms=0, reason="no prompts open")
 
     def _lapsed(self, peer: str) -> None:
-        """``peer`` let prompts expire unanswered: a strike, so that a peer
-        that takes prompts and never answers them is banned."""
+        """``peer`` let prompts expire unanswered (``PeerBook.lapsed``)."""
         event(log, logging.INFO, "prompts expired unanswered", peer=peer)
-        self.peers.strike(peer)
+        self.peers.lapsed(peer, deadline_s=self.pool.assignment_timeout_s)
 
     def _provisional(self, peer: str) -> bool:
         """Is ``peer`` a newcomer (no batch accepted yet) while proven peers are

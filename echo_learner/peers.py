@@ -53,6 +53,8 @@ class PeerStats:
     overheads: deque[float] = field(default_factory=lambda: deque(maxlen=16))
     last_reason: str = ""
     strikes: deque[float] = field(default_factory=deque)
+    # Strikes for prompts that lapsed: one per outage, forgiven by accepted work.
+    lapses: deque[float] = field(default_factory=deque)
     banned_until: float = 0.0
 
     def to_json(self, now: float) -> dict:
@@ -122,6 +124,7 @@ class PeerBook:
         stats.last_reason = reason
         if reason == ACCEPTED:
             stats.accepted += 1
+            stats.lapses.clear()  # back at work: its outages were no dishonesty
             self._proven_seen_at = stats.last_seen
             stats.rollouts += rollouts
             stats.tokens += tokens
@@ -136,20 +139,43 @@ class PeerBook:
             self.strike(peer)
 
     def strike(self, peer: str) -> None:
-        """One more strike; ``strikes_to_ban`` of them within the window ban the peer.
+        """One more strike; ``strikes_to_ban`` of them (lapses included) within
+        the window ban the peer.
 
         A strike is no sign of life: a peer struck because its prompts lapsed
         must drop out of the ``active`` peers, or the learner sizes the
         round for it and hands its lapsed prompts to nobody else for
         another deadline (bench/convergence.py, sync: 72 s without a step)."""
         stats = self.peers.get(peer) or self.seen(peer)
+        stats.strikes.append(time.time())
+        self._judge(stats)
+
+    def lapsed(self, peer: str, deadline_s: float) -> None:
+        """``peer`` let prompts expire unanswered: a strike, so that a peer
+        that takes prompts and never answers is banned after a few deadlines.
+
+        An honest node that crashes, sleeps or loses its link lets everything
+        it holds lapse at once (an assignment, the next one fetched early,
+        batches on their way), over a few seconds: lapses within one
+        ``deadline_s`` of the last are that one outage. Its next accepted
+        batch forgives them (``on_verdict``), so that a volunteer whose laptop
+        went to sleep three times is not banned when it comes back."""
+        stats = self.peers.get(peer) or self.seen(peer)
         now = time.time()
-        stats.strikes.append(now)
-        while stats.strikes and stats.strikes[0] < now - self.strike_window_s:
-            stats.strikes.popleft()
-        if len(stats.strikes) >= self.strikes_to_ban:
+        if stats.lapses and now - stats.lapses[-1] < deadline_s:
+            return
+        stats.lapses.append(now)
+        self._judge(stats)
+
+    def _judge(self, stats: PeerStats) -> None:
+        now = time.time()
+        for strikes in (stats.strikes, stats.lapses):
+            while strikes and strikes[0] < now - self.strike_window_s:
+                strikes.popleft()
+        if len(stats.strikes) + len(stats.lapses) >= self.strikes_to_ban:
             stats.banned_until = now + self.ban_s
             stats.strikes.clear()
+            stats.lapses.clear()
 
     def banned(self, peer: str) -> bool:
         stats = self.peers.get(peer)

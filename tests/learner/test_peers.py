@@ -5,6 +5,7 @@ import pytest
 from echo_learner import peers as peers_module
 from echo_learner.peers import PeerBook
 from echo_learner.sizing import Worker, prompts_for, round_end_s
+from echo_learner.verify import ACCEPTED
 
 
 class Clock:
@@ -54,3 +55,40 @@ def test_three_strikes_ban(clock):
     assert b.banned("p")
     clock.now += 601
     assert not b.banned("p")
+
+
+def test_an_outage_is_one_lapse_and_accepted_work_forgives_it(clock):
+    """A volunteer's laptop sleeps three times in the strike window, each
+    time letting lapse what it held (an assignment, then the one it fetched
+    early, seconds later). It is never banned: each outage is one lapse, and
+    its accepted batches after each forgive it."""
+    deadline_s = 30.0
+    b = book()
+    for _ in range(3):
+        b.lapsed("laptop", deadline_s)
+        clock.now += 5
+        b.lapsed("laptop", deadline_s)  # the early-fetched assignment: the same outage
+        assert not b.banned("laptop")
+        clock.now += 40
+        b.on_verdict("laptop", ACCEPTED, rollouts=8, tokens=64)
+        clock.now += 20
+    assert not b.banned("laptop")
+
+
+def test_a_peer_that_takes_prompts_and_never_answers_is_banned(clock):
+    deadline_s = 30.0
+    b = book()
+    for _ in range(3):
+        assert not b.banned("taker")
+        b.lapsed("taker", deadline_s)
+        clock.now += deadline_s + 1  # it took prompts again, and let them lapse again
+    assert b.banned("taker")
+
+
+def test_lapses_and_refusal_strikes_add_up(clock):
+    b = book()
+    b.lapsed("p", 30.0)
+    b.strike("p")
+    assert not b.banned("p")
+    b.strike("p")
+    assert b.banned("p")
