@@ -43,6 +43,7 @@ Figures (``--json``: one line):
   the windows where the learner was down (its kill until ``RECOVERY_S``
   after it serves again); ``undelivered_outside_restarts`` likewise for
   "batch not delivered";
+- ``work_refusals``: the learner refusing a node work (a ban), anywhere;
 - ``learner_peers_tracked`` (peers in the learner's table at the end).
 
     python bench/soak.py --json                          # 32 nodes, 20 minutes
@@ -308,7 +309,7 @@ class Soak:
         tasks = [(t, s["load"]["tasks"]) for t, s in self.learner_samples if "tasks" in s.get("load", {})]
         ledger = self.compare_ledger()
         gaps = self.step_gaps()
-        losses, undelivered = self.node_troubles()
+        losses, undelivered, denied = self.node_troubles()
         known_fd = {k: v for k, v in fd.items() if v is not None}
         return {
             "nodes": args.nodes,
@@ -336,6 +337,9 @@ class Soak:
             "spurious_learner_losses": len(losses),
             "spurious_detail": losses[:10],
             "undelivered_outside_restarts": len(undelivered),
+            "undelivered_detail": undelivered[:5],
+            "work_refusals": len(denied),
+            "work_refusal_detail": denied[:5],
             "learner_peers_tracked": peers_tracked,
         }
 
@@ -403,17 +407,20 @@ class Soak:
                 long.append({**gap, "learner_restart": spans[0] + 1 if spans else None})
         return {"all": gaps, "long": long, "steps": len(times)}
 
-    def node_troubles(self) -> tuple[list[str], list[str]]:
+    def node_troubles(self) -> tuple[list[str], list[str], list[str]]:
         """Lines of node logs saying the learner was lost, or a batch not delivered,
-        outside the windows where the learner was down."""
+        outside the windows where the learner was down; and every refusal of
+        work (a ban) by the learner."""
 
         def expected(stamp: float) -> bool:
             return any(killed <= stamp <= back + RECOVERY_S for killed, back in self.down)
 
-        losses, undelivered = [], []
+        losses, undelivered, denied = [], [], []
         day = datetime.fromtimestamp(self.wall0).date()
         for log in sorted(self.root.glob("node*.log")):
             for line in log.read_text(errors="replace").splitlines():
+                if "refuses this node work" in line:
+                    denied.append(f"{log.stem}: {line[:300]}")
                 lost, missed = "lost the learner" in line, "batch not delivered" in line
                 if not (lost or missed):
                     continue
@@ -424,7 +431,7 @@ class Soak:
                 if expected(datetime.combine(day, clock).timestamp()):
                     continue
                 (losses if lost else undelivered).append(f"{log.stem}: {line[:300]}")
-        return losses, undelivered
+        return losses, undelivered, denied
 
     def over_quota(self) -> int:
         quota = self.args.max_disk_gb * 2**30

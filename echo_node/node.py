@@ -55,6 +55,10 @@ from protocol.wire.work import NoWork, WorkAssignment, WorkRequest
 log = logging.getLogger(__name__)
 
 
+class WorkRefused(RequestFailed):
+    """The learner answered a work request with an error (banned, too many requests)."""
+
+
 class Node:
     def __init__(
         self,
@@ -194,7 +198,7 @@ class Node:
         self, wants: trio.MemoryReceiveChannel[None], assignments: trio.MemorySendChannel[WorkAssignment]
     ) -> None:
         """One assignment per request from the generator."""
-        failures = refused = 0
+        failures = refused = denied = 0
         async for _ in wants:
             assignment = None
             while assignment is None:
@@ -207,6 +211,14 @@ class Node:
                     if refused == 1 or refused % 100 == 0:
                         event(log, logging.WARNING, "refused what the learner asked for", reason=exc, times=refused)
                     await trio.sleep(self._backoff_s(refused))
+                    continue
+                except WorkRefused as exc:
+                    # It answers, so it is not lost: it will not give us work
+                    # (banned, or too many requests), for now.
+                    denied += 1
+                    if denied == 1 or denied % 100 == 0:
+                        event(log, logging.WARNING, "the learner refuses this node work", reason=exc, times=denied)
+                    await trio.sleep(self._backoff_s(denied))
                     continue
                 except (RequestFailed, ProtocolError) as exc:
                     failures += 1
@@ -226,7 +238,7 @@ class Node:
                     continue
                 if failures > 1:
                     event(log, logging.WARNING, "learner is back", after_failures=failures)
-                failures = 0
+                failures = denied = 0
             await assignments.send(assignment)
 
     def _backoff_s(self, tries: int) -> float:
@@ -308,7 +320,7 @@ class Node:
             host, self.learner, work.PROTOCOL, lambda stream: work.ask(stream, ask), timeout_s=cfg.work_timeout_s
         )
         if isinstance(reply, ErrorReply):
-            raise RequestFailed(f"learner refused work request: {reply.code}: {reply.message}")
+            raise WorkRefused(f"{reply.code}: {reply.message}")
         if isinstance(reply, NoWork):
             if reply.retry_after_ms:
                 await trio.sleep(reply.retry_after_ms / 1000)
