@@ -467,6 +467,7 @@ def main() -> None:
         parser.error("--nodes must be at least 2 and --minutes positive")
     root = Path(tempfile.mkdtemp(prefix="echo-soak-"))
     soak = Soak(root, args)
+
     # The whole run is bounded: setup, the run, and stopping.
     def overran(*_: object) -> None:
         raise TimeoutError("the soak ran past its bound")

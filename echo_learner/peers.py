@@ -11,6 +11,7 @@ import itertools
 import math
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from echo_learner.capacity import running_mean
@@ -91,6 +92,7 @@ class PeerBook:
         # active ones are a tail of it (a learner asks on every work request).
         self.peers: OrderedDict[str, PeerStats] = OrderedDict()
         self._proven_seen_at = -math.inf  # when a peer with an accepted batch was last seen
+        self.on_forget: Callable[[str], None] | None = None  # told of each peer dropped past max_peers
 
     def seen(self, peer: str) -> PeerStats:
         now = time.time()
@@ -98,7 +100,9 @@ class PeerBook:
         if stats is None:
             stats = self.peers[peer] = PeerStats(peer, now, now)
             while len(self.peers) > self.max_peers:
-                self.peers.popitem(last=False)
+                forgotten, _ = self.peers.popitem(last=False)
+                if self.on_forget is not None:
+                    self.on_forget(forgotten)
         stats.last_seen = now
         self.peers.move_to_end(peer)
         if stats.accepted > 0:

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 import trio
+from libp2p.abc import INetStream
+from libp2p.peer.id import ID
 
 from echo_learner import checkpoint
 from echo_learner.bootstrap_probe import BootstrapProbe
@@ -52,7 +54,7 @@ from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
 from protocol.broadcast.serving import manifest_digest
 from protocol.broadcast.store import VersionStore
 from protocol.files import write_atomic
-from protocol.host import full_addrs
+from protocol.host import full_addrs, keep_connection, release_connection
 from protocol.identity import Identity
 from protocol.lan import discover_lan
 from protocol.logs import event
@@ -203,6 +205,12 @@ class Learner:
 
     # --- lifecycle -------------------------------------------------------------
 
+    async def _handle_work(self, stream: INetStream) -> None:
+        """A work request; its node's connection is kept from then on (``keep_connection``)."""
+        assert self.swarm is not None
+        keep_connection(self.swarm.host, stream.muxed_conn.peer_id)
+        await self.ingest.handle_work(stream)
+
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Serve and train until ``config.steps`` steps are done, then return.
 
@@ -230,8 +238,9 @@ class Learner:
                 )
                 await nursery.start(self.bootstrap_probe.run)
                 host = swarm.host
+                self.peers.on_forget = lambda peer: release_connection(host, ID.from_base58(peer))
                 for protocol, handler in (
-                    (work.PROTOCOL, self.ingest.handle_work),
+                    (work.PROTOCOL, self._handle_work),
                     (rollout.PROTOCOL, self.ingest.handle_rollouts),
                     (receipts.PROTOCOL, self.ingest.handle_receipts),
                 ):

@@ -18,9 +18,9 @@ is ok, what to do about it. In order:
   upload      a two-second upload estimate to a bootstrap peer
 
 The doctor writes nothing and never speaks as the node: it uses a throwaway
-identity. A second connection under a running node's peer id would make the
-learner close the node's own (py-libp2p keeps one connection per peer, the
-newest). Beside a running node it also listens on a port of its own, and
+identity. A second connection under a running node's peer id could make a
+peer close the node's own (py-libp2p keeps one connection per peer, the
+newest, unless the peer is kept: ``protocol.host.keep_connection``). Beside a running node it also listens on a port of its own, and
 says so: the node's reachability is then in ``echo-node status``.
 """
 
@@ -39,7 +39,7 @@ from echo_node.config import NodeConfig
 from echo_node.device import Device, cpu
 from echo_node.guard import Refused, model_shape
 from echo_node.memory import GiB, choose_dtype, free_bytes, gib, load_need
-from protocol.host import parse_peer_addr
+from protocol.host import any_port, parse_peer_addr
 from protocol.identity import Identity
 from protocol.probe import measure_upload, try_punch
 from protocol.reachability import PRIVATE, PUBLIC, check_reachability
@@ -149,7 +149,7 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
     running = _running_node(config)
     if running is not None:
         checks.append(running)
-        listen = [_any_port(addr) for addr in listen]  # the node holds its own
+        listen = [any_port(addr) for addr in listen]  # the node holds its own
     identity = Identity.generate()
     async with open_swarm(identity, listen, server=True, relays=config.bootstrap, upnp=config.upnp) as swarm:
         host = swarm.host
@@ -338,14 +338,6 @@ def _running_node(config: NodeConfig) -> Check | None:
         f"a node is running with this data dir (pid {data.get('pid')}, version {data.get('version')}, "
         f"reachability {reach}); the checks below use a throwaway identity and port, so they do not disturb it",
     )
-
-
-def _any_port(addr: str) -> str:
-    """``addr`` with its TCP port left to the system (tcp/0)."""
-    parts = addr.split("/")
-    if "tcp" in parts:
-        parts[parts.index("tcp") + 1] = "0"
-    return "/".join(parts)
 
 
 def _listen_port(host) -> int:  # type: ignore[no-untyped-def]

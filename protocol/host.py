@@ -4,7 +4,9 @@
   plaintext and secio; see ../shared/notes/libp2p.md, pitfall 2).
 - yamux is the only muxer.
 - One connection per peer: otherwise every dial waits a 250 ms happy-eyeballs
-  floor (pitfall 1).
+  floor (pitfall 1). When a second connection under a peer id arrives,
+  py-libp2p closes the older one at once, unless the peer is kept
+  (``keep_connection``).
 - py-libp2p's resource manager sized to our connection cap: its defaults admit
   256 established inbound connections and 1,000 in all, whatever
   ``ConnectionConfig`` says, so a learner stopped taking nodes at 256
@@ -21,6 +23,7 @@ from libp2p import create_yamux_muxer_option, new_host
 from libp2p.abc import IHost
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
 from libp2p.network.config import ConnectionConfig
+from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.rcmgr import ResourceManager, new_resource_manager
 from libp2p.rcmgr.connection_limits import ConnectionLimits
@@ -171,6 +174,35 @@ def expand_wildcards(addrs: list[multiaddr.Multiaddr]) -> list[multiaddr.Multiad
         else:
             out.append(addr)
     return out
+
+
+KEPT = "echo-swarm/kept"
+
+
+def keep_connection(host: IHost, peer: ID) -> None:
+    """Never close ``peer``'s connection because a newer one under its id arrived.
+
+    The older one is the one carrying a node's work; the newer one is its
+    owner running ``echo-node credits`` beside it, or both sides dialling at
+    once. A kept peer holds both until one side closes its own (py-libp2p's
+    resource manager still caps connections per peer). Also spared by
+    py-libp2p's pruning past the connection cap's high watermark.
+    """
+    host.get_network().protect(peer, KEPT)
+
+
+def release_connection(host: IHost, peer: ID) -> None:
+    """Undo ``keep_connection`` (a peer forgotten)."""
+    host.get_network().unprotect(peer, KEPT)
+
+
+def any_port(addr: str) -> str:
+    """``addr`` with its TCP port left to the system (``tcp/0``): for a command
+    run beside a node that holds the configured port."""
+    parts = addr.split("/")
+    if "tcp" in parts:
+        parts[parts.index("tcp") + 1] = "0"
+    return "/".join(parts)
 
 
 def full_addrs(host: IHost) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from typing import Any
 
 
@@ -57,6 +58,10 @@ def setup(verbose: bool) -> None:
     # transformers logs through a handler of its own (deprecation notices
     # from inside generate), at the level this variable sets on its import.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "warning" if verbose else "error")
+    if not verbose:
+        # Deprecation notices from inside transformers and PEFT (wrapping a
+        # model for LoRA prints one): nothing an operator can act on.
+        warnings.simplefilter("ignore", FutureWarning)
     # ``import libp2p`` stops its records reaching the root handler (pitfall 12).
     import libp2p  # noqa: F401
 

@@ -92,3 +92,13 @@ def test_lapses_and_refusal_strikes_add_up(clock):
     assert not b.banned("p")
     b.strike("p")
     assert b.banned("p")
+
+
+def test_peers_forgotten_past_the_cap_are_told(clock):
+    """The learner stops keeping their connections (protocol.host.keep_connection)."""
+    forgotten = []
+    b = PeerBook(strikes_to_ban=3, strike_window_s=300, ban_s=600, max_peers=2)
+    b.on_forget = forgotten.append
+    for peer in ("a", "b", "a", "c", "d"):
+        b.seen(peer)
+    assert forgotten == ["b", "a"] and list(b.peers) == ["c", "d"]

@@ -1,14 +1,18 @@
 """Our hosts speak Noise only: a plaintext dialer is refused, over real TCP on loopback."""
 
+import time as _time
+
 import pytest
 import trio
 from libp2p import create_yamux_muxer_option, new_host
+from libp2p.network import swarm as libp2p_swarm
 from libp2p.network.config import ConnectionConfig
+from libp2p.network.connection import swarm_connection
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTransport
 
 from protocol import framing
-from protocol.host import full_addrs, make_host, parse_multiaddr
+from protocol.host import full_addrs, keep_connection, make_host, parse_multiaddr
 from protocol.identity import Identity
 from protocol.messages import ErrorReply
 
@@ -127,3 +131,53 @@ async def test_a_host_admits_as_many_connections_as_its_cap_says():
             assert connected == crowd
             assert len(server.get_network().connections) == crowd
             nursery.cancel_scope.cancel()
+
+
+class _Later:
+    """The ``time`` module, its clock ``shift_s`` ahead."""
+
+    def __init__(self, shift_s: float):
+        self.shift_s = shift_s
+
+    def time(self) -> float:
+        return _time.time() + self.shift_s
+
+    def __getattr__(self, name: str):
+        return getattr(_time, name)
+
+
+async def _second_connection_under_one_id(monkeypatch, *, kept: bool) -> bool:
+    """A node connects to a learner; half a minute later a second host with
+    the node's identity does too. Is the node's first connection still open?"""
+    learner = make_host(Identity.generate(), [LOOPBACK])
+    node_identity = Identity.generate()
+    node, beside = make_host(node_identity, [LOOPBACK]), make_host(node_identity, [LOOPBACK])
+    addr = parse_multiaddr(LOOPBACK)
+    async with learner.run([addr]), node.run([addr]), beside.run([addr]):
+        target = info_from_p2p_addr(parse_multiaddr(full_addrs(learner)[0]))
+        with trio.fail_after(20):
+            await node.connect(target)
+            while not learner.get_network().connections.get(node.get_id()):
+                await trio.sleep(0.01)
+        first = learner.get_network().connections[node.get_id()][0]
+        # Past py-libp2p's 20 s grace period for the first connection, not the second.
+        for module in (libp2p_swarm, swarm_connection):
+            monkeypatch.setattr(module, "time", _Later(30.0))
+        if kept:
+            keep_connection(learner, node.get_id())
+        with trio.fail_after(20):
+            await beside.connect(target)
+            while len(learner.get_network().connections.get(node.get_id(), [])) < (2 if kept else 1) or (
+                not kept and not first.is_closed
+            ):
+                await trio.sleep(0.01)
+        return not first.is_closed
+
+
+async def test_py_libp2p_closes_a_peers_older_connection_when_a_second_arrives(monkeypatch):
+    """Why the learner keeps its nodes' connections."""
+    assert not await _second_connection_under_one_id(monkeypatch, kept=False)
+
+
+async def test_a_kept_peers_connection_survives_a_second_one_under_its_id(monkeypatch):
+    assert await _second_connection_under_one_id(monkeypatch, kept=True)

@@ -1,5 +1,6 @@
-"""``echo-node doctor`` run beside a working node, with the same data dir,
-leaves that node alone (real bootstrap, learner and node processes on loopback)."""
+"""``echo-node doctor`` and ``echo-node credits`` run beside a working node,
+with the same data dir, leave that node alone (real bootstrap, learner and
+node processes on loopback)."""
 
 import json
 import time
@@ -23,7 +24,7 @@ def wait_for(predicate, timeout_s: float, what: str, swarm) -> None:
         time.sleep(0.5)  # polling a file the node rewrites every 2 s
 
 
-def test_doctor_beside_a_running_node_does_not_disturb_it(swarm_factory):
+def test_doctor_and_credits_beside_a_running_node_do_not_disturb_it(swarm_factory):
     swarm = swarm_factory
     swarm.start_bootstrap()
     swarm.start_learner("--mode", "async", "--steps", "100000")
@@ -53,9 +54,25 @@ def test_doctor_beside_a_running_node_does_not_disturb_it(swarm_factory):
     assert report["ok"] and checks["learner"]["status"] == "ok", done.stdout + done.stderr
     assert "a node is running with this data dir" in checks["node"]["detail"]
 
-    # py-libp2p keeps one connection per peer: a doctor speaking as the node
-    # made the learner close the node's own, at once and again a grace period
-    # later. Twenty more accepted batches span both.
+    # credits must speak as the node (the learner answers a peer with its own
+    # receipts): a second connection under the node's peer id.
+    done = swarm.run(
+        "node0",
+        "echo_node",
+        "credits",
+        "--json",
+        "--bootstrap",
+        swarm.bootstrap_addr,
+        "--data-dir",
+        str(swarm.root / "node0"),
+        timeout_s=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["accepted"] >= 5
+
+    # py-libp2p keeps one connection per peer: a second one under the node's
+    # id made the learner close the node's own, at once, and the node lost
+    # a request or two. Twenty more accepted batches span that.
     after = node_status(swarm)["batches_accepted"]
     wait_for(lambda: node_status(swarm).get("batches_accepted", 0) >= after + 20, 120, "more accepted batches", swarm)
     log = (swarm.root / "node0.log").read_text()
