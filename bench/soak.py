@@ -37,14 +37,18 @@ Figures (``--json``: one line):
   ``learner_tasks_growth`` likewise for its trio tasks;
 - ``max_step_gap_s`` and ``step_gaps`` (gaps between training steps longer
   than ``--gap-report-s``, each with the learner restart it spans, if any);
-- ``live_nodes_behind_at_end``: live nodes more than 2 versions behind the
-  learner's newest; ``node_disk_over_quota``: data dirs over ``--max-disk-gb``;
+- ``live_nodes_behind_at_end``: live nodes that did not reach the learner's
+  newest version at the end, less 2, within ``CATCH_UP_S`` (a version takes
+  the broadcast seconds to reach everyone; a node left behind never gets
+  there), and ``live_nodes_behind_at_the_instant`` (the same at the moment
+  the newest was read); ``node_disk_over_quota``: data dirs over ``--max-disk-gb``;
 - ``spurious_learner_losses``: "lost the learner" in a node's log outside
   the windows where the learner was down (its kill until ``RECOVERY_S``
   after it serves again); ``undelivered_outside_restarts`` likewise for
   "batch not delivered";
 - ``work_refusals``: the learner refusing a node work (a ban), anywhere;
-- ``learner_peers_tracked`` (peers in the learner's table at the end).
+- ``learner_peers_tracked`` (peers in the learner's table at the end),
+  ``learner_stream_failures`` (streams it timed out or saw break, by protocol).
 
     python bench/soak.py --json                          # 32 nodes, 20 minutes
     python bench/soak.py --nodes 6 --minutes 4 --churn-s 20   # a quick look
@@ -82,6 +86,7 @@ LEARNER_KILLS = (0.10, 0.175)  # fractions of the run; the second moves the lear
 BOOTSTRAP_RESTART = 0.2
 GROWTH_FROM = 0.25  # growth is measured from here (minute 5 of 20) to the end
 RECOVERY_S = 90.0  # after a restarted learner serves, nodes may still be finding it
+CATCH_UP_S = 30.0  # for the live nodes to reach the learner's newest version at the end, less 2
 START_TIMEOUT_S = 180.0
 STOP_GRACE_S = 30.0
 
@@ -179,7 +184,7 @@ class Soak:
         for addr in self.bootstrap_addrs:
             args += ["--bootstrap", addr]
         args += ["--mode", "async", "--publish-every", "1", "--steps", "1000000", "--checkpoint-every", "5"]
-        args += ["--lora", "8", "--lr", "3e-3", "--no-mdns"]
+        args += ["--lora", "8", "--lr", "3e-3", "--no-mdns", "-v"]  # -v: its stream failures
         if resume:
             args.append("--resume")
         self.learner = self.spawn("learner", args, data_dir)
@@ -291,15 +296,15 @@ class Soak:
         args = self.args
         newest = self.learner_api("api/status")["version"]
         peers_tracked = len(self.learner_api("api/peers")["peers"])
-        behind = []
-        for name, proc in self.nodes.items():
-            assert proc.data_dir is not None
-            try:
-                version = json.loads((proc.data_dir / "status.json").read_text())["version"]
-            except (OSError, ValueError, KeyError):
-                version = -1
-            if version < newest - 2:
-                behind.append({"node": name, "version": version})
+        behind_now = self.behind(newest)
+        # A version takes the broadcast a few seconds to reach every node: a
+        # node that keeps up reaches the newest at the end within CATCH_UP_S,
+        # one left behind does not.
+        deadline = time.monotonic() + CATCH_UP_S
+        behind = behind_now
+        while behind and time.monotonic() < deadline:
+            time.sleep(1)  # polling files the nodes rewrite every 2 s
+            behind = self.behind(newest)
         self.stop_all()
         since = GROWTH_FROM * duration
         long_lived = [p for p in [*self.bootstraps, *self.nodes.values()] if p.samples and p.samples[0][0] <= since]
@@ -333,6 +338,7 @@ class Soak:
             "newest_version": newest,
             "live_nodes_behind_at_end": len(behind),
             "behind": behind,
+            "live_nodes_behind_at_the_instant": len(behind_now),
             "node_disk_over_quota": self.over_quota(),
             "spurious_learner_losses": len(losses),
             "spurious_detail": losses[:10],
@@ -341,7 +347,21 @@ class Soak:
             "work_refusals": len(denied),
             "work_refusal_detail": denied[:5],
             "learner_peers_tracked": peers_tracked,
+            "learner_stream_failures": self.stream_failures(),
         }
+
+    def behind(self, newest: int) -> list[dict]:
+        """Live nodes more than 2 versions behind ``newest``, by their status.json."""
+        out = []
+        for name, proc in self.nodes.items():
+            assert proc.data_dir is not None
+            try:
+                version = json.loads((proc.data_dir / "status.json").read_text())["version"]
+            except (OSError, ValueError, KeyError):
+                version = -1
+            if version < newest - 2:
+                out.append({"node": name, "version": version})
+        return out
 
     def stop_all(self) -> None:
         """Nodes first (SIGINT: a clean leave), then the learner and the bootstraps."""
@@ -432,6 +452,16 @@ class Soak:
                     continue
                 (losses if lost else undelivered).append(f"{log.stem}: {line[:300]}")
         return losses, undelivered, denied
+
+    def stream_failures(self) -> dict[str, int]:
+        """Streams the learner gave up on, by protocol and what happened (its -v log)."""
+        counts: dict[str, int] = {}
+        for line in (self.root / "learner.log").read_text(errors="replace").splitlines():
+            for what in ("refused stream", "stream timed out", "stream broke"):
+                if what in line and "protocol=" in line:
+                    key = f"{line.split('protocol=')[1].split()[0]} {what}"
+                    counts[key] = counts.get(key, 0) + 1
+        return counts
 
     def over_quota(self) -> int:
         quota = self.args.max_disk_gb * 2**30
