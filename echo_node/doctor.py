@@ -18,10 +18,9 @@ is ok, what to do about it. In order:
   upload      a two-second upload estimate to a bootstrap peer
 
 The doctor writes nothing and never speaks as the node: it uses a throwaway
-identity. A second connection under a running node's peer id could make a
-peer close the node's own (py-libp2p keeps one connection per peer, the
-newest, unless the peer is kept: ``protocol.host.keep_connection``). Beside a running node it also listens on a port of its own, and
-says so: the node's reachability is then in ``echo-node status``.
+identity (its DHT presence, relay reservation and probes would otherwise
+stand for the node's). Beside a running node it also listens on a port of
+its own, and says so: the node's reachability is then in ``echo-node status``.
 """
 
 from __future__ import annotations
