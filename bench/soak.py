@@ -34,7 +34,10 @@ Figures (``--json``: one line):
   bootstraps, nodes alive from the growth window's start to the end): the
   median of the last minute over the median of the minute from
   ``GROWTH_FROM`` of the run (minute 5 of 20), less 1;
-  ``learner_tasks_growth`` likewise for its trio tasks;
+  ``learner_tasks_growth`` likewise for its trio tasks; ``non_socket_fd_growth``
+  the same for descriptors other than sockets (sockets follow the live peers
+  a process is connected to), and ``fd_worst_per_minute`` the descriptors
+  and sockets of the process with the largest ``fd_growth``, minute by minute;
 - ``max_step_gap_s`` and ``step_gaps`` (gaps between training steps longer
   than ``--gap-report-s``, each with the learner restart it spans, if any);
 - ``live_nodes_behind_at_end``: live nodes that did not reach the learner's
@@ -97,7 +100,7 @@ class Proc:
     popen: subprocess.Popen
     started: float  # time.monotonic()
     data_dir: Path | None = None
-    samples: list[tuple[float, int, int]] = field(default_factory=list)  # (t, rss KiB, fds)
+    samples: list[tuple[float, int, int, int]] = field(default_factory=list)  # (t, rss KiB, fds, sockets)
 
     @property
     def alive(self) -> bool:
@@ -106,11 +109,18 @@ class Proc:
     def sample(self, t: float) -> None:
         try:
             status = Path(f"/proc/{self.popen.pid}/status").read_text()
-            fds = len(os.listdir(f"/proc/{self.popen.pid}/fd"))
+            fd_dir = Path(f"/proc/{self.popen.pid}/fd")
+            targets = []
+            for fd in fd_dir.iterdir():
+                try:
+                    targets.append(os.readlink(fd))
+                except OSError:  # closed while we looked
+                    pass
         except OSError:  # exited between the check and the read
             return
         rss = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
-        self.samples.append((t, rss, fds))
+        sockets = sum(target.startswith("socket:") for target in targets)
+        self.samples.append((t, rss, len(targets), sockets))
 
 
 def growth(samples: list[tuple[float, float]], since: float, end: float) -> float | None:
@@ -309,8 +319,16 @@ class Soak:
         since = GROWTH_FROM * duration
         long_lived = [p for p in [*self.bootstraps, *self.nodes.values()] if p.samples and p.samples[0][0] <= since]
         assert self.learner is not None
-        fd = {p.name: growth([(t, f) for t, _, f in p.samples], since, duration) for p in [self.learner, *long_lived]}
-        boot_rss = [growth([(t, r) for t, r, _ in p.samples], since, duration) for p in self.bootstraps]
+        fd = {
+            p.name: growth([(t, f) for t, _, f, _ in p.samples], since, duration) for p in [self.learner, *long_lived]
+        }
+        # Sockets follow the live peers a process is connected to; anything
+        # else (files, pipes, epoll) growing is a leak whatever the swarm does.
+        other_fd = {
+            p.name: growth([(t, f - s) for t, _, f, s in p.samples], since, duration)
+            for p in [self.learner, *long_lived]
+        }
+        boot_rss = [growth([(t, r) for t, r, _, _ in p.samples], since, duration) for p in self.bootstraps]
         tasks = [(t, s["load"]["tasks"]) for t, s in self.learner_samples if "tasks" in s.get("load", {})]
         ledger = self.compare_ledger()
         gaps = self.step_gaps()
@@ -323,10 +341,12 @@ class Soak:
             "kills": self.kills,
             "learner_restarts": len(self.down),
             **ledger,
-            "learner_rss_growth": growth([(t, r) for t, r, _ in self.learner.samples], since, duration),
+            "learner_rss_growth": growth([(t, r) for t, r, _, _ in self.learner.samples], since, duration),
             "bootstrap_rss_growth": max((g for g in boot_rss if g is not None), default=None),
             "fd_growth": max(known_fd.values(), default=None),
             "fd_growth_worst": max(known_fd, key=known_fd.__getitem__) if known_fd else None,
+            "fd_worst_per_minute": self.per_minute(max(known_fd, key=known_fd.__getitem__)) if known_fd else [],
+            "non_socket_fd_growth": max((g for g in other_fd.values() if g is not None), default=None),
             "learner_fd_growth": fd[self.learner.name],
             "learner_tasks_growth": growth(tasks, since, duration),
             "learner_tasks_end": tasks[-1][1] if tasks else None,
@@ -349,6 +369,18 @@ class Soak:
             "learner_peers_tracked": peers_tracked,
             "learner_stream_failures": self.stream_failures(),
         }
+
+    def per_minute(self, name: str) -> list[list[int]]:
+        """``name``'s descriptors and sockets, the last sample of each minute."""
+        proc = next(
+            p
+            for p in [*self.bootstraps, *self.nodes.values(), *([self.learner] if self.learner else [])]
+            if p.name == name
+        )
+        last: dict[int, list[int]] = {}
+        for t, _, fds, sockets in proc.samples:
+            last[int(t // 60)] = [fds, sockets]
+        return [last[m] for m in sorted(last)]
 
     def behind(self, newest: int) -> list[dict]:
         """Live nodes more than 2 versions behind ``newest``, by their status.json."""
