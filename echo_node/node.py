@@ -33,7 +33,7 @@ from echo_node.weights import Weights
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine, VersionTooLarge
 from protocol.broadcast.store import VersionStore
 from protocol.errors import ProtocolError
-from protocol.host import keep_connection, parse_peer_addr
+from protocol.host import parse_peer_addr
 from protocol.identity import Identity
 from protocol.ids import RELAY_DIRECTORY_KEY
 from protocol.lan import discover_lan
@@ -286,9 +286,6 @@ class Node:
         found = await find_learner(self.swarm, self.config, self.learner_addrs)
         self.learner, self.record, self.job_id = found.peer, found.record, found.record.job_id
         self._learner_at = found.addrs
-        # When the learner's broadcast dials us while we dial it, py-libp2p
-        # would close our older connection for the newer one, mid-request.
-        keep_connection(self.swarm.host, found.peer)
 
     async def _delay(self) -> None:
         """Emulated wide-area latency before a learner message (benchmarks only)."""
