@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -39,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from localswarm import LocalSwarm, local_swarm  # noqa: E402
+from swarmproc import free_port  # noqa: E402
 
 from protocol.identity import load_or_create  # noqa: E402
 
@@ -66,12 +66,6 @@ UNCAPPED = {"stalling_chunk_peers", "busy_flapping"}
 # Attacks that start before the honest nodes join (they must get in through it).
 BEFORE_JOIN = {"idle_sockets"}
 TARGET = {"api_pollers": 0.9}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def accepted_since(ledger: Path, peers: set[str], since_ms: int, until_ms: int) -> int:

@@ -82,7 +82,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from swarmproc import keep_logs, print_result  # noqa: E402
+from swarmproc import free_port, keep_logs, print_result  # noqa: E402
 
 SPEEDS = (20.0, 50.0, 200.0)  # emulated tokens/s: a laptop, a desktop, a GPU
 LEARNER_KILLS = (0.10, 0.175)  # fractions of the run; the second moves the learner
@@ -502,14 +502,6 @@ class Soak:
 
 def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:

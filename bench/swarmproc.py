@@ -6,6 +6,7 @@ import json
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -87,6 +88,13 @@ def wait_until(peers: list[Peer], done, timeout_s: float) -> None:
                 key.data.feed(data)
     finally:
         sel.close()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a process that must keep its address across restarts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def keep_logs(root: Path, dest: Path | None) -> None:

@@ -297,16 +297,6 @@ def join(config: NodeConfig, learner_addrs: tuple[str, ...], *, verbose: bool) -
     sys.exit(0)
 
 
-def _node_running(config: NodeConfig) -> bool:
-    from echo_node import status
-
-    try:
-        status.read(config.status_path)
-    except status.NotRunning:
-        return False
-    return True
-
-
 def credits(config: NodeConfig, learner_addrs: tuple[str, ...], *, as_json: bool, verbose: bool) -> None:
     from protocol import logs
 
@@ -315,6 +305,7 @@ def credits(config: NodeConfig, learner_addrs: tuple[str, ...], *, as_json: bool
     import json
     from collections import Counter
 
+    from echo_node import status
     from echo_node.learner_lookup import NoLearnerFound
     from echo_node.node import Node
     from protocol.host import BadMultiaddr, any_port
@@ -326,7 +317,7 @@ def credits(config: NodeConfig, learner_addrs: tuple[str, ...], *, as_json: bool
     if not config.identity_path.exists():
         fail(PROG, f"no node identity at {config.identity_path}: this data dir never joined a job")
     identity = load_or_exit(PROG, config.identity_path)
-    if _node_running(config):
+    if status.running(config.status_path) is not None:
         # The node holds its port; the learner keeps the node's connection
         # beside ours (protocol.host.keep_connection).
         config = replace(config, listen=[any_port(addr) for addr in config.listen])

@@ -326,9 +326,8 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
 
 def _running_node(config: NodeConfig) -> Check | None:
     """A node running with this data dir, as the first finding (None if there is none)."""
-    try:
-        data = status.read(config.status_path)
-    except status.NotRunning:
+    data = status.running(config.status_path)
+    if data is None:
         return None
     reach = data.get("reachability", {}).get("status", "unknown")
     return Check(

@@ -118,6 +118,14 @@ def read(path: Path) -> dict[str, Any]:
     return data
 
 
+def running(path: Path) -> dict[str, Any] | None:
+    """The status of a node running with this status file, or None (``read``)."""
+    try:
+        return read(path)
+    except NotRunning:
+        return None
+
+
 def describe(data: dict[str, Any]) -> str:
     reach = data["reachability"]
     status = {
