@@ -2,14 +2,22 @@
 ``peers`` read, the status web page built on it, and Prometheus metrics.
 
 A deliberately small HTTP/1.1 server (h11 on trio): GET only, one request per
-connection, bounded request size, a deadline to send the request (slowloris)
-and one for the whole exchange, and a cap on concurrent connections, so a
-stuck or hostile client cannot hold the learner.
+connection, bounded request size, a deadline to send the request head
+counted from the moment the connection is accepted, and one for the whole
+exchange, so a stuck or hostile client cannot hold the learner.
+
+Slow clients must not block others (slowloris): a connection still sending
+its request head costs one waiting task, connections are accepted at once
+(up to ``MAX_OPEN`` open, ``MAX_ACCEPTS_PER_S`` a second), and past
+``MAX_READING_HEADS`` connections still sending their heads the oldest of
+them is closed. When accepting was paced at 20 a second behind 32
+connection slots, 100 sockets trickling their headers kept an honest request
+waiting ~8 s in the kernel's backlog.
 
 No number of clients may slow training (which shares this process): every
 answer is computed at most once per ``SNAPSHOT_S`` and served from that
-snapshot meanwhile, and connections are accepted at most
-``MAX_REQUESTS_PER_S`` a second (the rest wait in the kernel's backlog).
+snapshot meanwhile, at most ``MAX_ANSWERS_PER_S`` answers a second and
+``MAX_ANSWERING`` at once (the rest wait their turn).
 
 It binds to 127.0.0.1 unless told otherwise, and then answers only requests
 whose Host header names that address (or localhost): a web page elsewhere
@@ -30,12 +38,13 @@ from its URL's ``#token=``).
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol
@@ -75,8 +84,11 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 16 * 1024
 REQUEST_DEADLINE_S = 2.0  # to send the whole request head
 CONNECTION_DEADLINE_S = 10.0
-MAX_CONNECTIONS = 32
-MAX_REQUESTS_PER_S = 20.0  # connections accepted per second (the page polls ~3/s)
+MAX_OPEN = 512  # connections open at once (past it, new ones wait in the kernel's backlog)
+MAX_ACCEPTS_PER_S = 200.0
+MAX_READING_HEADS = 256  # connections still sending their request head; past it the oldest is closed
+MAX_ANSWERING = 32
+MAX_ANSWERS_PER_S = 20.0  # the page polls ~3/s
 ACCEPT_RETRY_S = 0.1
 SNAPSHOT_S = 1.0
 MAX_SNAPSHOTS = 256
@@ -243,23 +255,47 @@ class Server:
         return self.snapshots.answer(request.method.decode(), target)
 
 
-async def _handle(stream: trio.SocketStream, server: Server) -> None:
-    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_BYTES)
-    status, body = 408, _json({"error": f"request not sent within {REQUEST_DEADLINE_S} s"})
-    with trio.move_on_after(REQUEST_DEADLINE_S):
-        while True:
+class Gate:
+    """Who may hold the server, and for how long: connections still sending
+    their request head are cheap, but at most ``MAX_READING_HEADS`` of them
+    (past it the oldest is closed: an honest client sends its head at once,
+    so the oldest is the slowest); answers are paced and at most
+    ``MAX_ANSWERING`` at once."""
+
+    def __init__(self) -> None:
+        self._reading: dict[trio.CancelScope, None] = {}  # oldest first
+        self._answering = trio.CapacityLimiter(MAX_ANSWERING)
+        self._pace = TokenBucket(MAX_ANSWERS_PER_S, burst=int(MAX_ANSWERS_PER_S))
+
+    @contextlib.contextmanager
+    def reading_head(self) -> Iterator[trio.CancelScope]:
+        with trio.CancelScope() as scope:
+            self._reading[scope] = None
+            if len(self._reading) > MAX_READING_HEADS:
+                next(iter(self._reading)).cancel()
             try:
-                event_ = conn.next_event()
-            except h11.RemoteProtocolError as exc:  # malformed or oversized: say so, then close
-                status, body = exc.error_status_hint, _json({"error": str(exc)})
-                break
-            if event_ is h11.NEED_DATA:
-                conn.receive_data(await stream.receive_some(MAX_REQUEST_BYTES))
-                continue
-            if isinstance(event_, h11.Request):
-                status, body = server.answer(event_)
-                break
-            return  # closed or something unexpected: nothing to answer
+                yield scope
+            finally:
+                del self._reading[scope]
+
+    @contextlib.asynccontextmanager
+    async def answering(self) -> AsyncIterator[None]:
+        async with self._answering:
+            await self._pace.take(1)
+            yield
+
+
+async def _handle(stream: trio.SocketStream, server: Server, gate: Gate | None = None) -> None:
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_BYTES)
+    with gate.reading_head() if gate else trio.CancelScope() as reading:
+        got = await _read_head(stream, conn)
+    if reading.cancelled_caught or got is None:
+        return  # closed to make room for others, or the client left
+    if isinstance(got, h11.Request):
+        async with gate.answering() if gate else contextlib.AsyncExitStack():
+            status, body = server.answer(got)
+    else:
+        status, body = got
     headers = [
         ("content-type", body.content_type),
         ("content-length", str(len(body.data))),
@@ -279,6 +315,24 @@ async def _handle(stream: trio.SocketStream, server: Server) -> None:
         )
     if status >= 400:
         await _linger(stream)
+
+
+async def _read_head(stream: trio.SocketStream, conn: h11.Connection) -> h11.Request | tuple[int, Body] | None:
+    """The request head; or the error to answer (status, body) if it is
+    malformed, oversized or late; or None if the client went away."""
+    with trio.move_on_after(REQUEST_DEADLINE_S):
+        while True:
+            try:
+                event_ = conn.next_event()
+            except h11.RemoteProtocolError as exc:  # malformed or oversized: say so, then close
+                return exc.error_status_hint, _json({"error": str(exc)})
+            if event_ is h11.NEED_DATA:
+                conn.receive_data(await stream.receive_some(MAX_REQUEST_BYTES))
+                continue
+            if isinstance(event_, h11.Request):
+                return event_
+            return None  # closed or something unexpected: nothing to answer
+    return 408, _json({"error": f"request not sent within {REQUEST_DEADLINE_S} s"})
 
 
 async def _linger(stream: trio.SocketStream) -> None:
@@ -306,32 +360,45 @@ async def serve_api(
     if host not in LOOPBACK and not token:
         token = secrets.token_urlsafe(24)
     server = Server.for_table(routes(learner), hosts=allowed_hosts(host, bound_port), token=token)
-    limiter = trio.CapacityLimiter(MAX_CONNECTIONS)
-    # Connections are accepted at most MAX_REQUESTS_PER_S a second: a flood
-    # waits in the kernel's backlog and costs this process nothing.
-    pace = TokenBucket(MAX_REQUESTS_PER_S, burst=int(MAX_REQUESTS_PER_S))
+    url = f"http://{host}:{bound_port}/"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_http, server, listeners)
+        task_status.started(url + (f"#token={token}" if token else ""))
+
+
+async def serve_http(
+    server: Server, listeners: list[trio.SocketListener], *, task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Answer connections on ``listeners`` until cancelled (the limits: module docstring)."""
+    gate = Gate()
+    open_slots = trio.Semaphore(MAX_OPEN)
+    pace = TokenBucket(MAX_ACCEPTS_PER_S, burst=int(MAX_ACCEPTS_PER_S))
 
     async def handler(stream: trio.SocketStream) -> None:
-        async with limiter, stream:
-            with trio.move_on_after(CONNECTION_DEADLINE_S):
-                try:
-                    await _handle(stream, server)
-                except (h11.ProtocolError, trio.BrokenResourceError) as exc:
-                    event(log, logging.DEBUG, "bad http request", error=exc)
+        try:
+            async with stream:
+                with trio.move_on_after(CONNECTION_DEADLINE_S):
+                    try:
+                        await _handle(stream, server, gate)
+                    except (h11.ProtocolError, trio.BrokenResourceError) as exc:
+                        event(log, logging.DEBUG, "bad http request", error=exc)
+        finally:
+            open_slots.release()
 
-    async def accept_paced(listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+    async def accept(listener: trio.SocketListener, nursery: trio.Nursery) -> None:
         while True:
+            await open_slots.acquire()
             await pace.take(1)
             try:
                 stream = await listener.accept()
             except OSError as exc:  # e.g. out of file descriptors: wait for some to close
+                open_slots.release()
                 event(log, logging.WARNING, "status API cannot accept", error=exc)
                 await trio.sleep(ACCEPT_RETRY_S)
                 continue
             nursery.start_soon(handler, stream)
 
-    url = f"http://{host}:{bound_port}/"
     async with trio.open_nursery() as nursery:
         for listener in listeners:
-            nursery.start_soon(accept_paced, listener, nursery)
-        task_status.started(url + (f"#token={token}" if token else ""))
+            nursery.start_soon(accept, listener, nursery)
+        task_status.started()

@@ -230,6 +230,15 @@ class LearnerConfig(ConnectionSettings):
     strike_window_s: float = setting(600.0, "strikes older than this are forgotten", lo=1)
     ban_s: float = setting(600.0, "how long a ban lasts", lo=1)
     max_peers_tracked: int = setting(10_000, "most peers whose statistics are kept in memory", lo=1)
+    receipt_pages_burst: int = setting(
+        20, "receipt pages (500 receipts each) one peer may fetch at once before the rate applies", lo=1
+    )
+    receipt_pages_per_s: float = setting(
+        1.0,
+        "receipt pages one peer may fetch a second after its burst (more are refused 'too_many_requests', "
+        "every 10th refusal a strike)",
+        lo=0.01,
+    )
     status_host: str = setting("127.0.0.1", "address of the local HTTP status API")
     status_port: int = setting(0, "port of the HTTP status API (0: any free port)", lo=0, hi=65535)
     status_token: str = setting(

@@ -1,11 +1,10 @@
-"""What the learner does with work, rollout and receipts requests (the
-protocols themselves: ``protocol.wire``).
+"""What the learner does with work and rollout requests (the protocols
+themselves: ``protocol.wire``; receipts: ``echo_learner.receipt_pages``).
 
 ``handle_work`` hands prompts out of the pool (long-polling while it is
 empty); ``handle_rollouts`` verifies a batch, writes the verdict to the ledger
-and only then answers with the signed receipt; ``handle_receipts`` lets a node
-page through its own receipts. Every handler runs under ``protocol.rpc.serve``
-(deadline, per-peer error logging, stream cleanup).
+and only then answers with the signed receipt. Every handler runs under
+``protocol.rpc.serve`` (deadline, per-peer error logging, stream cleanup).
 """
 
 from __future__ import annotations
@@ -27,27 +26,25 @@ from echo_learner.config import LearnerConfig
 from echo_learner.cpu_split import CpuSplit
 from echo_learner.ledger import CREDIT_PER_TOKEN, Ledger, Row
 from echo_learner.loop_lag import LoopLag
-from echo_learner.peers import PeerBook, PeerStats
+from echo_learner.peers import REFUSALS_PER_STRIKE, PeerBook, PeerStats
 from echo_learner.pool import Assignment, PromptPool, Rollouts
 from echo_learner.recompute import Pass, Recomputer
 from echo_learner.sizing import DEADLINE_SHARE, Worker, prompts_for, round_end_s
 from echo_learner.tasks.base import Task
 from echo_learner.trainer import ScoredGroup
 from echo_learner.verify import ACCEPTED, Limits, Policies, Window, verify_batch
-from protocol import codec
+from protocol import codec, framing
 from protocol.errors import ProtocolError
 from protocol.identity import Identity
 from protocol.logs import event
 from protocol.messages import UNKNOWN_JOB, UNSIGNED, ErrorReply
 from protocol.rpc import remote_peer, route
-from protocol.wire import receipts, rollout, work
-from protocol.wire.receipts import ReceiptPage, ReceiptQuery
+from protocol.wire import rollout, work
 from protocol.wire.rollout import MALFORMED, Receipt, RolloutBatch
 from protocol.wire.work import NoWork, Prompt, WorkAssignment, WorkRequest
 
 log = logging.getLogger(__name__)
 
-REFUSALS_PER_STRIKE = 10
 # The longest a busy learner tells a node to wait before asking again.
 MAX_RETRY_S = 60.0
 
@@ -360,6 +357,11 @@ class Ingest:
 
     async def handle_rollouts(self, stream: INetStream) -> None:
         sender = remote_peer(stream)
+        if self.peers.banned(sender):
+            # Not read, and no ledger row: a banned peer sending batch after
+            # batch would otherwise grow the ledger by a refused row each.
+            await framing.send(stream, ErrorReply(work.BANNED, "too many strikes; try again later"))
+            return
         await rollout.answer(
             stream,
             lambda batch: self._judge(sender, batch),
@@ -494,21 +496,3 @@ class Ingest:
         self.counters.refused[MALFORMED] += 1
         self.peers.on_verdict(sender, MALFORMED, 0, 0)
         event(log, logging.INFO, "refused batch", peer=sender, reason=MALFORMED, error=exc)
-
-    # --- receipts --------------------------------------------------------------------
-
-    async def handle_receipts(self, stream: INetStream) -> None:
-        peer = remote_peer(stream)
-        await receipts.answer(stream, lambda query: self._receipts(peer, query))
-
-    async def _receipts(self, peer: str, query: ReceiptQuery) -> ReceiptPage | ErrorReply:
-        if query.job_id != self.job_id:
-            return ErrorReply(UNKNOWN_JOB, f"this learner runs {self.job_id}")
-        rows = self.ledger.receipts(peer, query.after_id, query.limit + 1)
-        page = rows[: query.limit]
-        return ReceiptPage(
-            job_id=self.job_id,
-            receipts=tuple(codec.decode(r, Receipt) for _, r in page),
-            last_id=page[-1][0] if page else query.after_id,
-            more=len(rows) > query.limit,
-        )

@@ -20,6 +20,10 @@ from protocol.wire.work import WorkRequest
 
 # Weight of the newest sample in a node's throughput average.
 EWMA = 0.3
+# Requests refused for going over a rate (work requests waiting, receipt
+# pages): an honest node may hit a limit now and then, one that keeps on is
+# struck once per this many refusals.
+REFUSALS_PER_STRIKE = 10
 
 
 @dataclass

@@ -43,6 +43,7 @@ from echo_learner.pacing import Pacing
 from echo_learner.peers import PeerBook
 from echo_learner.pool import PromptPool
 from echo_learner.publishing import Publisher
+from echo_learner.receipt_pages import PageBudget, ReceiptPages
 from echo_learner.tasks.base import Task, TaskPrompt
 from echo_learner.tasks.registry import load_task
 from echo_learner.train_group import TrainGroup, check_train_procs
@@ -58,9 +59,9 @@ from protocol.host import full_addrs, keep_connection, release_connection
 from protocol.identity import Identity
 from protocol.lan import discover_lan
 from protocol.logs import event
-from protocol.messages import MAX_PROMPT_TOKENS, Manifest
+from protocol.messages import MAX_PROMPT_TOKENS, ErrorReply, Manifest
 from protocol.progress import progress
-from protocol.rpc import serve
+from protocol.rpc import remote_peer, serve
 from protocol.runtime import task_count
 from protocol.swarm import Swarm, connect_bootstrap, open_swarm
 from protocol.wire import receipts, rollout, work
@@ -196,6 +197,14 @@ class Learner:
             meter=self.meter,
             current_version=lambda: self.version,
         )
+        self.receipt_pages = ReceiptPages(
+            self.ledger,
+            self.peers,
+            job_id=self.job_id,
+            budget=PageBudget(
+                per_s=config.receipt_pages_per_s, burst=config.receipt_pages_burst, max_peers=config.max_peers_tracked
+            ),
+        )
         self.swarm: Swarm | None = None
         self.directory: JobDirectory | None = None
         self.bootstrap_probe: BootstrapProbe | None = None
@@ -210,6 +219,14 @@ class Learner:
         assert self.swarm is not None
         keep_connection(self.swarm.host, stream.muxed_conn.peer_id)
         await self.ingest.handle_work(stream)
+
+    async def _handle_receipts(self, stream: INetStream) -> None:
+        peer = remote_peer(stream)
+
+        async def respond(query: receipts.ReceiptQuery) -> receipts.ReceiptPage | ErrorReply:
+            return self.receipt_pages.answer(peer, query)
+
+        await receipts.answer(stream, respond)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Serve and train until ``config.steps`` steps are done, then return.
@@ -242,7 +259,7 @@ class Learner:
                 for protocol, handler in (
                     (work.PROTOCOL, self._handle_work),
                     (rollout.PROTOCOL, self.ingest.handle_rollouts),
-                    (receipts.PROTOCOL, self.ingest.handle_receipts),
+                    (receipts.PROTOCOL, self._handle_receipts),
                 ):
                     host.set_stream_handler(protocol, serve(protocol, handler, cfg.request_timeout_s))
                 # The learner seeds each version into the swarm's broadcast.

@@ -60,6 +60,7 @@ STRIKES = frozenset(
         MALFORMED,
         WRONG_SIGNER,
         BAD_SIGNATURE,
+        WRONG_JOB,
         UNSUPPORTED,
         NOT_ASSIGNED,
         REPLAYED,

@@ -13,6 +13,7 @@ import json
 import os
 from pathlib import Path
 
+import trio
 from libp2p.peer.id import ID
 
 from protocol import codec
@@ -24,6 +25,9 @@ from protocol.swarm import Swarm
 from protocol.wire import receipts
 from protocol.wire.receipts import ReceiptQuery
 from protocol.wire.rollout import Receipt, RolloutBatch
+from protocol.wire.work import TOO_MANY_REQUESTS
+
+PAGE_RETRY_S = 1.0  # the learner's page budget refills at --receipt-pages-per-s (1 by default)
 
 
 def check_origin(receipt: Receipt, learner: str, me: str, job_id: str) -> None:
@@ -58,6 +62,11 @@ async def fetch_all(
             lambda stream: receipts.ask(stream, query),
             timeout_s=timeout_s,
         )
+        if isinstance(page, ErrorReply) and page.code == TOO_MANY_REQUESTS:
+            # Past the learner's page budget (a node with more than ~10,000
+            # receipts): it refills at about a page a second.
+            await trio.sleep(PAGE_RETRY_S)
+            continue
         if isinstance(page, ErrorReply):
             raise RequestFailed(f"learner refused the receipts query: {page.code}: {page.message}")
         for receipt in page.receipts:

@@ -3,9 +3,9 @@
 Each adversary is the real node code (in this test's process) with one
 dishonesty added after an honest generation: forged log-probs, a replayed
 batch, prompts it was not given, a version outside the window, garbage and
-oversized frames, another node's id. Each must be refused with its own reason
-and earn no credit, the forger must end up banned, and the honest nodes must
-never see a refusal.
+oversized frames, another node's id, another job. Each must be refused with
+its own reason and earn no credit, the forger and the wrong-job sender must
+end up banned, and the honest nodes must never see a refusal.
 """
 
 import dataclasses
@@ -25,6 +25,7 @@ from echo_learner.verify import (
     NOT_ASSIGNED,
     OUT_OF_WINDOW,
     REPLAYED,
+    WRONG_JOB,
     WRONG_SIGNER,
 )
 from echo_node.backend_torch import TorchBackend
@@ -75,6 +76,11 @@ def out_of_window(node, batch, work):
     return [resign(node, batch, version=work.version + 10)]
 
 
+def wrong_job(node, batch, work):
+    """Four batches for another job: three strikes, then banned (no ledger row)."""
+    return [resign(node, batch, job_id=f"another-job-{i}", nonce=os.urandom(16)) for i in range(4)]
+
+
 class Adversary(Node):
     def __init__(self, config, identity, attack, victim=""):
         super().__init__(config, identity, TorchBackend(threads=1))
@@ -117,6 +123,7 @@ ATTACKS = {
     "replay": (replay, ["ok", REPLAYED]),
     "unassigned": (unassigned, [NOT_ASSIGNED]),
     "window": (out_of_window, [OUT_OF_WINDOW]),
+    "wrong_job": (wrong_job, [WRONG_JOB, WRONG_JOB, WRONG_JOB, "banned"]),
     "impersonate": ("impersonate", [WRONG_SIGNER]),
     "garbage": ("garbage", [MALFORMED, MALFORMED]),
 }
@@ -179,7 +186,8 @@ async def test_dishonest_nodes_are_refused_and_honest_ones_are_not(swarm_factory
     db = sqlite3.connect(swarm.root / "learner" / "ledger.sqlite")
     for name, adv in adversaries.items():
         rows = db.execute("SELECT reason, credit FROM verdicts WHERE peer = ? ORDER BY id", (adv.me,)).fetchall()
-        assert [r for r, _ in rows] == ATTACKS[name][1], name
+        # A banned peer's batch is answered ErrorReply("banned") unread: no row.
+        assert [r for r, _ in rows] == [r for r in ATTACKS[name][1] if r != "banned"], name
         assert all(credit == 0 for reason, credit in rows if reason != "ok"), name
     # The impersonated node was not charged with the forgery, and no honest
     # node was ever refused.

@@ -175,3 +175,48 @@ async def test_the_cli_sends_the_token_its_url_names():
     assert good.returncode == 0 and json.loads(good.stdout) == [{"peer": "12D3KooWexample"}], good.stderr
     for refused in (none, wrong):
         assert refused.returncode != 0 and b"401" in refused.stderr, refused.stderr
+
+
+async def test_slow_request_heads_do_not_keep_others_waiting():
+    """100 sockets trickling their request heads, then an honest request: it
+    is answered while every slow socket is still open, long before their
+    deadline. (When accepts were paced behind 32 connection slots, it waited
+    for the slow ones to time out.)"""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(api.serve_http, Server.for_table(TABLE), listeners)
+        slow = []
+        for _ in range(100):
+            sock = await trio.open_tcp_stream("127.0.0.1", port)
+            await sock.send_all(b"GET /api/ok HTTP/1.1\r\n")  # and the rest never comes
+            slow.append(sock)
+        honest = await trio.open_tcp_stream("127.0.0.1", port)
+        await honest.send_all(b"GET /api/ok HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = b""
+        with trio.fail_after(api.REQUEST_DEADLINE_S / 2):
+            while chunk := await honest.receive_some(65536):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 200"), reply
+        # None of the slow ones has been answered (408) or closed yet.
+        for sock in slow:
+            with trio.move_on_after(0.001) as waiting:
+                await sock.receive_some(1)
+            assert waiting.cancelled_caught
+        nursery.cancel_scope.cancel()
+
+
+async def test_past_the_cap_the_oldest_slow_head_is_closed(monkeypatch):
+    monkeypatch.setattr(api, "MAX_READING_HEADS", 4)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(api.serve_http, Server.for_table(TABLE), listeners)
+        first = await trio.open_tcp_stream("127.0.0.1", port)
+        await first.send_all(b"GET /api/ok HTTP/1.1\r\n")
+        later = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(4)]  # kept: open
+        for sock in later:
+            await sock.send_all(b"GET /api/ok HTTP/1.1\r\n")
+        with trio.fail_after(api.REQUEST_DEADLINE_S / 2):
+            assert await first.receive_some(1) == b""  # closed, unanswered
+        nursery.cancel_scope.cancel()
