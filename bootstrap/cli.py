@@ -28,6 +28,13 @@ class BootstrapConfig(ConnectionSettings):
     relay_circuit_s: int = setting(600, "relay: a relayed connection is closed after this long", lo=1)
     relay_circuit_mb: int = setting(64, "relay: ... or after carrying this many MiB", lo=1)
     relay_reservation_s: int = setting(900, "relay: a reservation lapses unless renewed within this", lo=60)
+    relay_per_range: int = setting(
+        8, "relay: most reservations held from one IPv4 /24 or IPv6 /48 (loopback included) at once", lo=1
+    )
+    relay_known_share: float = setting(
+        0.5, "relay: part of the reservations kept for known peers (peers unknown to it hold the rest)", lo=0, hi=1
+    )
+    relay_known_after_s: float = setting(600.0, "relay: a peer connected this long (now or before) is known", lo=0)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -69,6 +76,9 @@ def main(argv: list[str] | None = None) -> None:
             circuit_duration_s=config.relay_circuit_s,
             circuit_bytes=config.relay_circuit_mb * 2**20,
             reservation_ttl_s=config.relay_reservation_s,
+            per_range=config.relay_per_range,
+            known_share=config.relay_known_share,
+            known_after_s=config.relay_known_after_s,
         )
         async with open_swarm(
             identity,

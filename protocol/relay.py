@@ -7,10 +7,12 @@ connections together (end to end the connection is still Noise-encrypted
 between the two peers). The node advertises ``<relay addr>/p2p-circuit`` as
 one of its addresses, in identify and in its DHT provider records.
 
-- ``RelayLimits`` (bounded by default, see ``RelayService``): how many
-  reservations a relay grants in total, how many relayed connections each
-  reserved peer may have at once, how long and how many bytes each may carry,
-  and how long a reservation lasts before it must be renewed.
+- ``RelayLimits`` (``protocol.relay_server``, bounded by default): how many
+  reservations a relay grants in total, per source range and to peers it does
+  not know yet, how many relayed connections each reserved peer may have at
+  once, how long and how many bytes each may carry, and how long a
+  reservation lasts before it must be renewed. ``RelayServer`` grants them
+  only to the connection's own peer, for as long as it stays connected.
 - ``RelayClient``: keeps reservations on up to ``max_relays`` relays while it
   is told the node is not publicly reachable, renews each at 80 % of its
   life, tries another relay when one stops answering, and keeps the list of
@@ -35,39 +37,22 @@ from libp2p.peer.peerinfo import PeerInfo
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
 from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
-from libp2p.relay.circuit_v2.resources import RelayLimits as LibRelayLimits
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 
 from protocol.logs import event
+from protocol.relay_server import RelayLimits, RelayServer
+
+__all__ = ["RelayClient", "RelayLimits", "Reservation", "relay_protocol"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class RelayLimits:
-    """What one relay grants. Defaults suit a bootstrap peer on a home uplink."""
-
-    max_reservations: int = 128  # peers holding a reservation at once
-    circuits_per_peer: int = 8  # relayed connections to one reserved peer at once
-    circuit_duration_s: int = 600  # a relayed connection is closed after this
-    circuit_bytes: int = 64 * 2**20  # ... or after carrying this many bytes
-    reservation_ttl_s: int = 900  # a reservation lapses unless renewed
-
-    def to_lib(self) -> LibRelayLimits:
-        return LibRelayLimits(
-            duration=self.circuit_duration_s,
-            data=self.circuit_bytes,
-            max_circuit_conns=self.circuits_per_peer,
-            max_reservations=self.max_reservations,
-            reservation_ttl=self.reservation_ttl_s,
-        )
-
-
 def relay_protocol(host: IHost, *, hop: bool, limits: RelayLimits = RelayLimits()) -> CircuitV2Protocol:
     """The relay protocol service: ``hop=True`` relays for others (bootstrap
-    peers, ``echo-node join --relay``); every process accepts relayed
+    peers, ``echo-node join --relay``) within ``limits``, with
+    ``protocol.relay_server``'s admission; every process accepts relayed
     connections to itself (the stop side). Run it with ``background_trio_service``."""
-    return CircuitV2Protocol(host, limits=limits.to_lib(), allow_hop=hop)
+    return RelayServer(host, limits, allow_hop=hop)
 
 
 @dataclass
