@@ -13,27 +13,42 @@ with what it got (prompts, bans, requests answered), and runs until killed.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
+import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import trio
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fakes import claim_everything  # noqa: E402
+from libp2p.network.exceptions import SwarmException  # noqa: E402
+from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL  # noqa: E402
+from libp2p.relay.circuit_v2.protocol_buffer import StatusCode  # noqa: E402
 
 from echo_node.config import NodeConfig  # noqa: E402
 from echo_node.node import Node  # noqa: E402
-from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine  # noqa: E402
+from protocol import codec, manifest  # noqa: E402
+from protocol.broadcast.engine import PEER_ERRORS, BroadcastConfig, BroadcastEngine  # noqa: E402
 from protocol.broadcast.store import VersionStore  # noqa: E402
-from protocol.identity import load_or_create  # noqa: E402
-from protocol.messages import ErrorReply  # noqa: E402
+from protocol.host import make_host, parse_peer_addr  # noqa: E402
+from protocol.identity import Identity, load_or_create  # noqa: E402
+from protocol.ids import JOB_DIRECTORY_KEY, manifest_keys  # noqa: E402
+from protocol.messages import UNSIGNED, ErrorReply  # noqa: E402
+from protocol.relay_server import reserve_once  # noqa: E402
 from protocol.rpc import RequestFailed, request  # noqa: E402
-from protocol.wire import chunk, work  # noqa: E402
-from protocol.wire.chunk import ChunkRequest  # noqa: E402
+from protocol.swarm import announce, connect_bootstrap, open_swarm  # noqa: E402
+from protocol.wire import chunk, receipts, rollout, work  # noqa: E402
+from protocol.wire.chunk import ChunkData, ChunkRequest  # noqa: E402
+from protocol.wire.receipts import ReceiptQuery  # noqa: E402
+from protocol.wire.rollout import Completion, Receipt, RolloutBatch, RolloutGroup  # noqa: E402
 from protocol.wire.work import WorkAssignment, WorkRequest  # noqa: E402
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
@@ -197,6 +212,242 @@ async def _fake_holder(node: Node, answer) -> None:  # type: ignore[no-untyped-d
         await trio.sleep_forever()
 
 
+# --- the job directory ----------------------------------------------------------
+
+# Model configs a decoy signs: sizes missing (what stopped every volunteer
+# who joined without an invite: "model config: vocab_size = None"), not
+# JSON, and a well-formed model far bigger than any volunteer holds.
+DECOY_CONFIGS = (
+    '{"model_type": "llama"}',
+    "not a model config",
+    json.dumps(
+        {
+            "model_type": "llama",
+            "vocab_size": 128256,
+            "hidden_size": 16384,
+            "intermediate_size": 53248,
+            "num_hidden_layers": 126,
+            "num_attention_heads": 128,
+            "num_key_value_heads": 8,
+        }
+    ),
+)
+
+
+async def decoy_jobs(args: argparse.Namespace) -> None:
+    """``--identities`` strangers, each announcing a job in the DHT's job
+    directory with a validly self-signed manifest whose model is junk
+    (``DECOY_CONFIGS`` in turn), again every ``--report-every-s``."""
+    async with trio.open_nursery() as nursery:
+        for i in range(args.identities):
+            nursery.start_soon(_decoy, args, i)
+        await report_forever(args)
+
+
+async def _decoy(args: argparse.Namespace, i: int) -> None:
+    identity = load_or_create(args.data_dir / f"identity{i}" / "identity.key")
+    signed, _ = manifest.build(
+        identity,
+        job_id=f"decoy{i}",
+        version=0,
+        parent_version=-1,
+        task="reverse",
+        model_config=DECOY_CONFIGS[i % len(DECOY_CONFIGS)],
+        tokenizer_digest=bytes(32),
+        weights=b"junk",
+    )
+    encoded = codec.encode(signed)
+    async with open_swarm(identity, [LOOPBACK], server=True) as swarm:
+        await connect_bootstrap(swarm, [args.bootstrap], 10)
+        while True:
+            await announce(swarm, JOB_DIRECTORY_KEY, 10)
+            for key in manifest_keys(identity.peer_id_str):  # the legacy key too: older nodes read it
+                with trio.move_on_after(10):
+                    await swarm.dht.put_value(key, encoded)
+            count("announced")
+            await trio.sleep(args.report_every_s)
+
+
+# --- the learner's ledger -----------------------------------------------------------
+
+
+def _batch(node: Node, *, job_id: str, version: int, prompt_ids: Sequence[int]) -> RolloutBatch:
+    """A signed batch of one-token completions (what is in it never gets checked)."""
+    groups = tuple(RolloutGroup(pid, (Completion((1,), (-1.0,)),)) for pid in prompt_ids)
+    unsigned = RolloutBatch(
+        job_id=job_id,
+        version=version,
+        peer_id=node.me,
+        nonce=os.urandom(16),
+        backend="torch",
+        dtype="f32",
+        device="cpu",
+        generate_ms=1,
+        groups=groups,
+        signature=UNSIGNED,
+    )
+    return node.identity.sign(unsigned)
+
+
+async def _submit(node: Node, batch: RolloutBatch) -> None:
+    try:
+        reply = await request(
+            node.swarm.host, node.learner, rollout.PROTOCOL, lambda s: rollout.submit(s, batch), timeout_s=30
+        )
+    except RequestFailed:
+        count("failed")
+        await trio.sleep(1)
+        return
+    count(f"receipt:{reply.reason}" if isinstance(reply, Receipt) else f"error:{reply.code}")
+
+
+async def wrong_job_spam(args: argparse.Namespace) -> None:
+    """``--identities`` peers, each sending signed batches for another job on
+    ``--in-flight`` streams as fast as the learner answers (each refused
+    batch was a ledger row and never a strike)."""
+    async with trio.open_nursery() as nursery:
+        for i in range(args.identities):
+            nursery.start_soon(_wrong_job, args, make_node(args, i))
+        await report_forever(args)
+
+
+async def _wrong_job(args: argparse.Namespace, node: Node) -> None:
+    async with node.joined(), trio.open_nursery() as nursery:
+        other_job = "not-" + node.job_id
+        for _ in range(args.in_flight):
+            nursery.start_soon(
+                _forever, lambda: _submit(node, _batch(node, job_id=other_job, version=0, prompt_ids=[1]))
+            )
+
+
+async def receipt_flood(args: argparse.Namespace) -> None:
+    """One identity asking for its first page of 500 receipts on
+    ``--in-flight`` streams, over and over, while it earns up to
+    ``--receipts`` receipts that come with no strike (batches for prompts it
+    was given, at a version the learner does not hold:
+    ``version_out_of_window``), so that its pages grow."""
+    node = make_node(args, 0)
+    async with node.joined(), trio.open_nursery() as nursery:
+        for _ in range(2):  # the learner's default --max-work-requests
+            nursery.start_soon(_earn_receipts, node, args.receipts)
+        for _ in range(args.in_flight):
+            nursery.start_soon(_forever, _page, node)
+        await report_forever(args)
+
+
+async def _earn_receipts(node: Node, n: int) -> None:
+    while counts.get("receipt:version_out_of_window", 0) < n:
+        await _earn_receipt(node)
+
+
+async def _earn_receipt(node: Node) -> None:
+    try:
+        reply = await request(
+            node.swarm.host,
+            node.learner,
+            work.PROTOCOL,
+            lambda stream: work.ask(
+                stream, WorkRequest(node.job_id, 4, -1, "torch", "f32", node.config.name, "public", "cpu", 0, 0.0)
+            ),
+            timeout_s=60,
+        )
+    except RequestFailed:
+        count("failed")
+        await trio.sleep(1)
+        return
+    if not isinstance(reply, WorkAssignment):
+        await trio.sleep(0.5)
+        return
+    ids = [p.prompt_id for p in reply.prompts]
+    await _submit(node, _batch(node, job_id=node.job_id, version=reply.version + 1000, prompt_ids=ids))
+
+
+async def _page(node: Node) -> None:
+    query = ReceiptQuery(node.job_id, 0, receipts.MAX_PER_PAGE)
+    try:
+        page = await request(
+            node.swarm.host, node.learner, receipts.PROTOCOL, lambda s: receipts.ask(s, query), timeout_s=30
+        )
+    except RequestFailed:
+        count("failed")
+        await trio.sleep(1)
+        return
+    if isinstance(page, ErrorReply):
+        count(f"error:{page.code}")
+        return
+    count("pages")
+    count("page_bytes", len(codec.encode(page)))
+
+
+async def empty_have_leech(args: argparse.Namespace) -> None:
+    """``--identities`` peers that follow every version, announce an empty Have
+    and pull every chunk of the newest version from every neighbour (the
+    learner and the honest nodes) over and over, on ``--lanes`` streams per
+    neighbour; plus, with ``--rotate-s``, one more against the learner alone
+    under a fresh identity every that many seconds. Nothing pulled is kept or
+    passed on."""
+    async with trio.open_nursery() as nursery:
+        for i in range(args.identities):
+            nursery.start_soon(_leecher, make_node(args, i), args, False)
+        if args.rotate_s > 0:
+            nursery.start_soon(_rotating_leecher, args)
+        await report_forever(args)
+
+
+async def _rotating_leecher(args: argparse.Namespace) -> None:
+    for i in itertools.count(args.identities):
+        with trio.move_on_after(args.rotate_s):
+            await _leecher(make_node(args, i), args, True)
+        count("identities_rotated")
+
+
+async def _leecher(node: Node, args: argparse.Namespace, learner_only: bool) -> None:
+    async with node.joined() as swarm, trio.open_nursery() as nursery:
+        learner_id = node.learner.to_base58()
+        store = VersionStore(node.config.weights_dir(node.job_id), learner_id=learner_id, keep=2)
+        engine = BroadcastEngine(
+            swarm, store, job_id=node.job_id, learner_id=learner_id, is_seed=False, config=BroadcastConfig()
+        )
+        pulling: set[str] = set()
+
+        async def leech_neighbours() -> None:  # in place of downloading: it stores nothing, so its Have is empty
+            while True:
+                for peer in list(engine.neighbours):
+                    if peer not in pulling and (peer == learner_id or not learner_only):
+                        pulling.add(peer)
+                        for _ in range(args.lanes):
+                            nursery.start_soon(_pull_from, engine, peer, pulling)
+                await trio.sleep(0.5)  # neighbours come and go with no event to await
+
+        engine._download_loop = leech_neighbours  # type: ignore[method-assign]
+        await nursery.start(engine.run)
+        nursery.start_soon(engine.connect, PeerInfo(node.learner, []))  # the learner as a neighbour at once
+        await trio.sleep_forever()
+
+
+async def _pull_from(engine: BroadcastEngine, peer: str, pulling: set[str]) -> None:
+    """Every chunk of the newest version ``engine`` knows, from ``peer``, again and again."""
+    try:
+        stream = await engine.swarm.host.new_stream(ID.from_base58(peer), [chunk.PROTOCOL])
+        while True:
+            m = engine.newest_wanted()
+            if m is None:
+                await engine.wait_progress()
+                continue
+            for idx in range(len(m.chunk_hashes)):
+                reply = await chunk.ask_chunk(stream, ChunkRequest(engine.job_id, m.version, idx, ""))
+                if isinstance(reply, ChunkData):
+                    count("bytes_pulled", len(reply.data))
+                    count("chunks_pulled")
+                else:
+                    count(f"error:{reply.code}")
+                    await trio.sleep(0.05)  # busy or ask_others: ask again soon, as an eager leecher would
+    except PEER_ERRORS:
+        count("streams_lost")
+    finally:
+        pulling.discard(peer)
+
+
 # --- sockets and HTTP ---------------------------------------------------------------
 
 
@@ -283,6 +534,89 @@ async def api_slowloris(args: argparse.Namespace) -> None:
         await report_forever(args)
 
 
+# --- the bootstrap's relay ---------------------------------------------------------
+
+
+async def relay_exhaustion(args: argparse.Namespace) -> None:
+    """``--identities`` fresh identities, ``--wave`` a second, each reserving a
+    slot on the bootstrap's relay and staying connected to hold it; each also
+    sends RESERVEs naming ``--naming`` made-up peer ids (a slot apiece on
+    py-libp2p's relay as it was).
+
+    The honest side runs here too, since the bench's honest nodes are public
+    and hold no reservation: a peer that has been connected to the bootstrap
+    for ``--known-after-s`` (as a node is once it has joined, before AutoNAT
+    finds it private) asks for a reservation once the whole crowd has tried,
+    then again every ``--report-every-s`` over a fresh connection (a node whose
+    link dropped). ``honest_reserved`` / ``honest_refused`` count its answers;
+    a fresh identity asks as well (``newcomer_*``: refused while strangers
+    hold their whole part, as designed)."""
+    relay = parse_peer_addr(args.bootstrap)
+    crowd_done = trio.Event()
+    tried: list[int] = []  # members done trying
+
+    async def hop_stream(host):  # type: ignore[no-untyped-def]
+        return await host.new_stream(relay.peer_id, [HOP_PROTOCOL])
+
+    async def ask(host, peer_field: bytes | None = None) -> StatusCode | None:  # type: ignore[no-untyped-def]
+        try:
+            with trio.fail_after(30):
+                return await reserve_once(await hop_stream(host), peer_field)
+        except Exception:  # the relay reset or dropped the stream: counted, not fatal
+            count("relay_errors")
+            return None
+
+    async def member() -> None:
+        host = make_host(Identity.generate(), [])
+        async with host.run([]):
+            try:
+                with trio.fail_after(30):
+                    await host.connect(relay)
+                status = await ask(host)
+                count("crowd_reserved" if status == StatusCode.OK else "crowd_refused")
+                for _ in range(args.naming):
+                    status = await ask(host, Identity.generate().peer_id.to_bytes())
+                    count("naming_others_granted" if status == StatusCode.OK else "naming_others_refused")
+            except (OSError, trio.TooSlowError, SwarmException):
+                count("connect_failed")
+                return
+            finally:
+                tried.append(1)
+                if len(tried) == args.identities:
+                    crowd_done.set()
+            await trio.sleep_forever()  # holding the connection holds the slot
+
+    async def probe(identity: Identity, what: str) -> None:
+        host = make_host(identity, [])
+        async with host.run([]):
+            with trio.fail_after(30):
+                await host.connect(relay)
+            status = await ask(host)
+            count(f"{what}_reserved" if status == StatusCode.OK else f"{what}_refused")
+            await host.disconnect(relay.peer_id)
+
+    async def honest() -> None:
+        me = Identity.generate()
+        host = make_host(me, [])
+        async with host.run([]):
+            with trio.fail_after(30):
+                await host.connect(relay)
+            await trio.sleep(args.known_after_s)  # the time connected is what makes it known
+            await crowd_done.wait()
+            await host.disconnect(relay.peer_id)
+        while True:
+            await probe(me, "honest")
+            await probe(Identity.generate(), "newcomer")
+            await trio.sleep(args.report_every_s)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(honest)
+        nursery.start_soon(report_forever, args)
+        for _ in range(args.identities):
+            nursery.start_soon(member)
+            await trio.sleep(1 / args.wave)
+
+
 async def report_forever(args: argparse.Namespace) -> None:
     while True:
         await trio.sleep(args.report_every_s)
@@ -297,10 +631,15 @@ ATTACKS = {
         unanswered_prompts,
         stalling_chunk_peers,
         busy_flapping,
+        empty_have_leech,
         idle_sockets,
         api_pollers,
         api_slowloris,
         idle_members,
+        decoy_jobs,
+        wrong_job_spam,
+        receipt_flood,
+        relay_exhaustion,
     )
 }
 
@@ -313,9 +652,17 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=Path("attacker"))
     parser.add_argument("--identities", type=int, default=8)
     parser.add_argument("--in-flight", type=int, default=16)
+    parser.add_argument("--lanes", type=int, default=4, help="empty_have_leech: chunk streams per neighbour")
+    parser.add_argument(
+        "--rotate-s", type=float, default=0.0, help="empty_have_leech: a fresh identity against the learner this often"
+    )
     parser.add_argument("--sockets", type=int, default=300)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--drip-s", type=float, default=2.0)
+    parser.add_argument("--receipts", type=int, default=200, help="receipts to earn before a receipt flood")
+    parser.add_argument("--wave", type=float, default=10.0, help="relay: new identities a second")
+    parser.add_argument("--naming", type=int, default=1, help="relay: RESERVEs naming made-up peers, per identity")
+    parser.add_argument("--known-after-s", type=float, default=5.0, help="relay: the bootstrap's --relay-known-after-s")
     parser.add_argument("--report-every-s", type=float, default=5.0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)

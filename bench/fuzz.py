@@ -6,12 +6,17 @@ kinds, ``InvalidRecord``, ``BadInvite``, the node's ``Refused``); anything
 else is a crash. Every
 ``TRACE_EVERY``-th case runs under tracemalloc: a peak far beyond the input's
 size would be an unbounded allocation (inputs are at most a few KiB, the
-largest valid sample a 1 MiB chunk; the limit is ``MAX_PEAK_MIB``).
+largest valid sample a 1 MiB chunk; the limit is ``MAX_PEAK_MIB``). The
+update targets (``bench/fuzz_updates.py``) run every case under tracemalloc,
+against the bound the node allows for that input (``over_bound``).
 
-    python bench/fuzz.py --json                 # 100,000 cases, a few minutes
+    python bench/fuzz.py --json                 # 200,000 cases, a few minutes
     python bench/fuzz.py --cases 5000           # a quick look
+    python bench/fuzz.py --json --targets delta_frames,adapter_files,adapter_headers
 
-Prints ``{"cases": N, "crashes": 0, "unbounded_allocations": 0, "targets": {...}}``.
+Prints ``{"cases": N, "crashes": 0, "unbounded_allocations": 0, "targets": {...}}``
+(``unbounded_allocations`` counts targets over ``MAX_PEAK_MIB`` and cases over
+their own bound).
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from hypothesis import strategies as st
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.fuzz_updates import PEAK_BOUNDS  # noqa: E402
+from bench.fuzz_updates import targets as update_targets  # noqa: E402
 from echo_learner.api import Server, _handle  # noqa: E402
 from echo_node.guard import Refused, model_shape, weight_elements  # noqa: E402
 from protocol import codec, framing, invite  # noqa: E402
@@ -218,12 +225,17 @@ TARGETS: dict[str, tuple[Callable, st.SearchStrategy, float]] = {
         ),
         0.05,
     ),
+    # Their shares add up to another whole: --cases N runs N update cases besides.
+    **update_targets(mutate, FLIPS),
 }
 
 
 def run_target(name: str, cases: int) -> dict:
     fn, inputs, _ = TARGETS[name]
     seen = {"cases": 0, "refused": 0, "crashes": 0, "examples": [], "peak_alloc_mib": 0.0}
+    bound = PEAK_BOUNDS.get(name)
+    if bound is not None:
+        seen["over_bound"] = 0
 
     @settings(
         max_examples=cases,
@@ -235,7 +247,7 @@ def run_target(name: str, cases: int) -> dict:
     @given(inputs)
     def body(x) -> None:  # type: ignore[no-untyped-def]
         seen["cases"] += 1
-        traced = seen["cases"] % TRACE_EVERY == 0
+        traced = bound is not None or seen["cases"] % TRACE_EVERY == 0
         if traced:
             tracemalloc.start()
         try:
@@ -248,9 +260,13 @@ def run_target(name: str, cases: int) -> dict:
                 seen["examples"].append(f"{type(exc).__name__}: {exc!s:.200} on {x!r:.200}")
         finally:
             if traced:
-                peak = tracemalloc.get_traced_memory()[1] / 2**20
+                peak = tracemalloc.get_traced_memory()[1]
                 tracemalloc.stop()
-                seen["peak_alloc_mib"] = round(max(seen["peak_alloc_mib"], peak), 2)
+                seen["peak_alloc_mib"] = round(max(seen["peak_alloc_mib"], peak / 2**20), 2)
+                if bound is not None and peak > bound(x):
+                    seen["over_bound"] += 1
+                    if len(seen["examples"]) < 3:
+                        seen["examples"].append(f"{peak} bytes allocated, over {bound(x)}, on {x!r:.200}")
 
     started = time.monotonic()
     body()
@@ -264,16 +280,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=int, default=100_000, help="cases in all, shared among the targets")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
+    parser.add_argument("--targets", default="", help="comma-separated targets to run (default: all)")
     args = parser.parse_args()
+    chosen = [t for t in args.targets.split(",") if t] or list(TARGETS)
+    unknown = sorted(set(chosen) - set(TARGETS))
+    if unknown:
+        parser.error(f"unknown targets {unknown}; known: {', '.join(TARGETS)}")
     results = {}
-    for name, (_, _, share) in TARGETS.items():
+    for name, (_, _, share) in ((n, TARGETS[n]) for n in chosen):
         results[name] = run_target(name, max(1, int(args.cases * share)))
         if not args.json:
             print(f"{name}: {json.dumps(results[name])}", file=sys.stderr, flush=True)
     out = {
         "cases": sum(r["cases"] for r in results.values()),
         "crashes": sum(r["crashes"] for r in results.values()),
-        "unbounded_allocations": sum(r["peak_alloc_mib"] > MAX_PEAK_MIB for r in results.values()),
+        "unbounded_allocations": sum(
+            (r["peak_alloc_mib"] > MAX_PEAK_MIB) + r.get("over_bound", 0) for r in results.values()
+        ),
         "targets": results,
     }
     print(json.dumps(out))

@@ -101,7 +101,12 @@ class LearnerConfig(ConnectionSettings):
     lora: int = setting(
         0, "train LoRA adapters of this rank on a frozen base model (0: train every weight)", lo=0, hi=1024
     )
-    lora_alpha: float = setting(0.0, "LoRA scaling alpha (0: twice the rank)", lo=0.0)
+    lora_alpha: float = setting(
+        0.0,
+        "LoRA scaling alpha (0: twice the rank; nodes refuse alpha/rank above their --max-lora-scale)",
+        lo=0.0,
+        hi=1000.0,
+    )
     lora_dropout: float = setting(
         0.0,
         "dropout on the LoRA input while training (0: none; log-prob verification is unaffected, "

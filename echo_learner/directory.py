@@ -14,7 +14,7 @@ import logging
 
 import trio
 
-from protocol.ids import JOB_DIRECTORY_KEY, manifest_key
+from protocol.ids import JOB_DIRECTORY_KEY, manifest_keys
 from protocol.logs import event
 from protocol.swarm import Swarm
 
@@ -54,7 +54,10 @@ class JobDirectory:
         if self._unput is None:
             return
         (version, encoded), self._unput = self._unput, None
-        with trio.move_on_after(DHT_TIMEOUT_S) as scope:
-            await self.swarm.dht.put_value(manifest_key(self.learner), encoded)
-        if scope.cancelled_caught:
-            event(log, logging.WARNING, "DHT put of the manifest timed out", version=version)
+        # Under the hashed key and, until protocol version 2, the old one
+        # too: nodes of earlier releases read only that (protocol.ids).
+        for key in manifest_keys(self.learner):
+            with trio.move_on_after(DHT_TIMEOUT_S) as scope:
+                await self.swarm.dht.put_value(key, encoded)
+            if scope.cancelled_caught:
+                event(log, logging.WARNING, "DHT put of the manifest timed out", version=version, key=key)

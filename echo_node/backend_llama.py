@@ -216,6 +216,7 @@ class LlamaBackend:
         base_weights: Callable[[], bytes],
         adapter: bytes,
         base_variant: str = "",
+        limits: updates.UpdateLimits = updates.UpdateLimits(),
     ) -> Loaded:
         """A LoRA version: its adapter (safetensors, ``protocol.updates``) as a
         llama.cpp adapter on the base model, loaded once per base
@@ -225,7 +226,10 @@ class LlamaBackend:
         weights; the version in use is the base itself when it is the base
         version, and is not loaded twice (a Qwen3-0.6B-shaped q8_0 node
         peaked at 9 GiB, killed, when it was). ``base_variant``: the base
-        comes as that variant (``prepare``)."""
+        comes as that variant (``prepare``). ``UpdateRefused`` for an adapter
+        beyond ``limits``, before anything is loaded; llama.cpp refuses one
+        whose matrices do not fit the base's (``LlamaError``)."""
+        checked = updates.check_adapter(adapter, limits)
         base = self._base if self._base is not None and self._base.key == base_key else None
         if base is None and self.loaded is not None and self.loaded.model.key == base_key:
             base = self.loaded.model
@@ -240,10 +244,9 @@ class LlamaBackend:
                 self._base.release()
             base.users += 1  # held by the backend until another base replaces it
             self._base = base
-        _rank, alpha = updates.lora_settings(adapter)
         self.prepared += 1
         path = self.work_dir / f"policy-{self.prepared}-lora.gguf"
-        write_lora_gguf(config_json, f32_tensors(adapter), alpha, path)
+        write_lora_gguf(config_json, f32_tensors(adapter), checked.alpha, path)
         lora = llama_cpp.llama_adapter_lora_init(base.handle, str(path).encode())
         path.unlink()  # llama.cpp has read it into its own buffers
         if not lora:

@@ -106,18 +106,20 @@ class TorchBackend:
         base_weights: Callable[[], bytes],
         adapter: bytes,
         base_variant: str = "",
+        limits: updates.UpdateLimits = updates.UpdateLimits(),
     ) -> PreTrainedModel:
         """A LoRA version: the base's tensors (loaded once per base, kept as
         they travelled) with the adapter merged in, straight into a model.
         Rebuilding the merged weights as a file and loading that held three
         more copies of the weights (a Qwen3-0.6B-shaped f32 node was
-        OOM-killed at 11 GB)."""
+        OOM-killed at 11 GB). ``UpdateRefused`` for an adapter beyond
+        ``limits`` or that does not fit the base, before anything is merged."""
         if base_variant:
             raise ValueError(f"the torch backend runs no {base_variant} files")
         if self._base_key != base_key:
             self._base_state, self._base_key = {}, b""  # the old base's memory first
             self._base_state, self._base_key = load(base_weights()), base_key
-        return self._build(config_json, updates.merged_lora(self._base_state, adapter))
+        return self._build(config_json, updates.merged_lora(self._base_state, adapter, limits))
 
     def _build(self, config_json: str, state: dict[str, torch.Tensor]) -> PreTrainedModel:
         settings = json.loads(config_json)

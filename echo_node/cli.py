@@ -62,6 +62,26 @@ def build_parser() -> Parser:
         "disk against the job's model, and a short upload estimate. Exits 0 only when this "
         "node can do useful work. Takes the same settings as join; writes nothing.",
     )
+    jobs = commands.add_parser(
+        "jobs",
+        help="list the jobs announced in the swarm's DHT, and whether each checks out",
+        description="Join the swarm briefly (under a throwaway identity) and list every job "
+        "announced in its DHT job directory: the job id, its task, its model, the learner's key "
+        "(peer id), how many nodes announce themselves in the job (their own claims, "
+        "unverified) and whether the job checks out: its record signed by that learner, its "
+        "model config one this node could build. Anyone can announce a job: `echo-node join` "
+        "without an invite takes one only when exactly one checks out; pass --job-id or "
+        "--learner from this list to choose. Takes join's settings.",
+    )
+    add_arguments(jobs, NodeConfig)
+    jobs.add_argument(
+        "--wait-s",
+        type=float,
+        default=20.0,
+        help="while the directory lists no job, look again for up to this long (default: 20)",
+    )
+    jobs.add_argument("--json", action="store_true", help="print JSON (one object per job, with the reason it fails)")
+    jobs.add_argument("-v", "--verbose", action="store_true", help="log details")
     status = commands.add_parser(
         "status",
         help="show what the node running with --data-dir is doing",
@@ -143,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     if os.environ.get("ECHO_BOOTSTRAP") and not os.environ.get(f"{ENV_PREFIX}_BOOTSTRAP"):
         os.environ[f"{ENV_PREFIX}_BOOTSTRAP"] = os.environ["ECHO_BOOTSTRAP"]
     config = resolve_or_exit(PROG, NodeConfig, args, ENV_PREFIX)
-    config, learner_addrs = apply_invite(config, args.invite)
+    config, learner_addrs = apply_invite(config, getattr(args, "invite", None))
     if not config.bootstrap and not config.mdns:
         fail(
             PROG,
@@ -152,7 +172,9 @@ def main(argv: list[str] | None = None) -> None:
         )
     if not config.bootstrap:
         print("no bootstrap peer given: looking for a learner on the local network (mDNS)", flush=True)
-    if args.command == "credits":
+    if args.command == "jobs":
+        list_jobs(config, args.wait_s, as_json=args.json, verbose=args.verbose)
+    elif args.command == "credits":
         credits(config, learner_addrs, as_json=args.json, verbose=args.verbose)
     elif args.command == "doctor":
         doctor(config, learner_addrs, as_json=args.json, verbose=args.verbose)
@@ -236,6 +258,35 @@ def doctor(config: NodeConfig, learner_addrs: tuple[str, ...], *, as_json: bool,
     checks = trio.run(diagnose, config, learner_addrs, 10.0)
     print(json.dumps(report(checks), indent=2) if as_json else describe(checks), flush=True)
     sys.exit(0 if report(checks)["ok"] else 1)
+
+
+def list_jobs(config: NodeConfig, wait_s: float, *, as_json: bool, verbose: bool) -> None:
+    from protocol import logs
+
+    logs.setup(verbose)
+
+    import json
+
+    import trio
+
+    from echo_node.jobs import look, print_jobs
+    from protocol.host import BadMultiaddr, check_addrs
+    from protocol.swarm import BootstrapUnreachable
+
+    if wait_s < 0:
+        fail(PROG, "--wait-s must be 0 or more")
+    try:
+        check_addrs(config.listen, config.bootstrap)
+        jobs = trio.run(look, config, wait_s)
+    except (BadMultiaddr, BootstrapUnreachable) as exc:
+        fail(PROG, str(exc))
+    if as_json:
+        print(json.dumps([j.as_json() for j in jobs], indent=2))
+    elif not jobs:
+        print("no job is announced in the DHT", flush=True)
+    else:
+        print_jobs(jobs)
+    sys.exit(0)
 
 
 def show_status(args: argparse.Namespace) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from echo_node.device import DEVICES
 from protocol.config import setting
 from protocol.connlimits import ConnectionSettings
+from protocol.update_limits import UpdateLimits
 
 
 def default_data_dir() -> Path:
@@ -15,7 +16,7 @@ def default_data_dir() -> Path:
 
 
 @dataclass(frozen=True)
-class NodeConfig(ConnectionSettings):
+class NodeConfig(ConnectionSettings, UpdateLimits):
     bootstrap: list[str] = setting([], "bootstrap peer multiaddr (with /p2p/<id>)")
     listen: list[str] = setting(["/ip4/0.0.0.0/tcp/0"], "multiaddr to listen on")
     data_dir: Path = setting(default_data_dir(), "identity, weight chunks and receipts live here")
@@ -51,7 +52,10 @@ class NodeConfig(ConnectionSettings):
         hi=256,
     )
     max_upload_mbit: float = setting(
-        0.0, "upload bandwidth cap in Mbit/s for serving weights to peers (0: uncapped)", lo=0
+        20.0,
+        "upload bandwidth cap in Mbit/s for serving weights to peers (0: uncapped); the default keeps a "
+        "home uplink usable for its owner and bounds what peers that only download can take",
+        lo=0,
     )
     max_deliveries: int = setting(
         4,

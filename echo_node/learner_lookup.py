@@ -1,10 +1,11 @@
 """Finding the learner: through an invite's addresses, the DHT, or the LAN.
 
 A learner names itself as a provider of the job directory key and keeps its
-newest signed manifest under its manifest key (``echo_learner.directory``).
+newest signed manifest under its manifest keys (``echo_learner.directory``).
 A node reads that record to learn the job; the record's signature is checked
 against the learner's peer id (``protocol.records``), and Noise proves who
-answers at the address.
+answers at the address. A learner nobody named is taken only when its job is
+the one job that checks out (``echo_node.jobs``): anyone can announce one.
 """
 
 from __future__ import annotations
@@ -16,17 +17,16 @@ from dataclasses import dataclass
 import multiaddr
 import trio
 from libp2p.abc import IHost
-from libp2p.network.exceptions import SwarmException
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.peer.peerstore import PERMANENT_ADDR_TTL
 
 from echo_node.config import NodeConfig
+from echo_node.jobs import Job, JobCheck, check_model, describe_choice, list_jobs, log_skipped, read_job
 from protocol.host import parse_multiaddr
-from protocol.ids import JOB_DIRECTORY_KEY, manifest_key
+from protocol.ids import JOB_DIRECTORY_KEY
 from protocol.logs import event
 from protocol.messages import Manifest
-from protocol.records import InvalidRecord, decode_record
 from protocol.swarm import Swarm, find_providers
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 
 class NoLearnerFound(LookupError):
     """No learner announced a job in the DHT within the discovery timeout."""
+
+
+class SeveralJobs(NoLearnerFound):
+    """No learner was named and more than one valid job is listed: the
+    volunteer chooses (``--job-id``, ``--learner``)."""
 
 
 @dataclass(frozen=True)
@@ -60,11 +65,19 @@ def pin_learner(host: IHost, learner: ID, addrs: Sequence[multiaddr.Multiaddr]) 
     host.get_peerstore().add_addrs(learner, list(addrs), PERMANENT_ADDR_TTL)
 
 
-async def find_learner(swarm: Swarm, config: NodeConfig, learner_addrs: tuple[str, ...] = ()) -> FoundLearner:
-    """Look up a learner (``config.learner`` if set, of ``config.job_id`` if
-    set) and read its job from its manifest record; ``NoLearnerFound`` if
-    none answers in time. ``learner_addrs``: where an invite says it listens,
-    tried first."""
+async def find_learner(
+    swarm: Swarm, config: NodeConfig, learner_addrs: tuple[str, ...] = (), check: JobCheck = check_model
+) -> FoundLearner:
+    """Look up a learner and read its job from its manifest record.
+
+    A learner the volunteer named (``config.learner``, as an invite does) is
+    taken as its signed record says: its operator chose it, and a model that
+    does not fit is refused later with the reason. Otherwise the DHT's job
+    directory is read and a job is taken only when exactly one checks out
+    (``check``, of ``config.job_id`` if set): anyone can announce a job, so a
+    job that fails is skipped and logged, and ``SeveralJobs`` asks the
+    volunteer to choose among valid ones. ``NoLearnerFound`` if none answers
+    in time. ``learner_addrs``: where an invite says it listens, tried first."""
     wanted = config.learner
     if wanted and learner_addrs:
         # An invite said where the learner listens: no DHT walk needed.
@@ -74,15 +87,29 @@ async def find_learner(swarm: Swarm, config: NodeConfig, learner_addrs: tuple[st
             return found
     # With no bootstrap peer only the LAN can answer, and soon if at all.
     patience = config.discovery_timeout_s if config.bootstrap else config.lan_wait_s
+    skipped: set[tuple[str, str]] = set()
     with trio.move_on_after(patience):
         while True:
-            providers = await find_providers(swarm, JOB_DIRECTORY_KEY, config.request_timeout_s)
-            for peer, info in providers.items():
-                if wanted and peer != wanted:
-                    continue
-                found = await _try_learner(swarm, config, info)
-                if found is not None:
-                    return found
+            if wanted:
+                providers = await find_providers(swarm, JOB_DIRECTORY_KEY, config.request_timeout_s)
+                if wanted in providers:
+                    found = await _try_learner(swarm, config, providers[wanted])
+                    if found is not None:
+                        return found
+            else:
+                jobs = await list_jobs(swarm, config.request_timeout_s, check)
+                log_skipped(jobs, skipped)
+                valid = [j for j in jobs if j.ok and (not config.job_id or _job_of(j) == config.job_id)]
+                if len(valid) > 1:
+                    raise SeveralJobs(
+                        f"{len(valid)} jobs are listed in the DHT; choose one (echo-node jobs lists them):\n"
+                        + describe_choice(valid)
+                    )
+                if valid:
+                    job = valid[0]
+                    assert job.record is not None
+                    pin_learner(swarm.host, ID.from_base58(job.learner), job.addrs)
+                    return FoundLearner(ID.from_base58(job.learner), job.record, job.addrs)
             await trio.sleep(config.retry_s)
     if not config.bootstrap:
         raise NoLearnerFound(
@@ -90,7 +117,16 @@ async def find_learner(swarm: Swarm, config: NodeConfig, learner_addrs: tuple[st
             "bootstrap peer was given: paste the invite the learner's operator gave you "
             "(echo-node join echo1:...), or pass --bootstrap ADDR"
         )
-    raise NoLearnerFound(f"no learner{' ' + wanted if wanted else ''} found in the DHT within {patience:.0f} s")
+    rejected = (
+        f"; skipped {len({peer for peer, _ in skipped})} that failed their checks (see the log)" if skipped else ""
+    )
+    raise NoLearnerFound(
+        f"no learner{' ' + wanted if wanted else ''} found in the DHT within {patience:.0f} s{rejected}"
+    )
+
+
+def _job_of(job: Job) -> str:
+    return job.record.job_id if job.record is not None else ""
 
 
 async def relocate_learner(
@@ -113,20 +149,14 @@ async def relocate_learner(
 
 
 async def _try_learner(swarm: Swarm, config: NodeConfig, info: PeerInfo) -> FoundLearner | None:
-    key = manifest_key(info.peer_id.to_base58())
-    try:
-        with trio.fail_after(config.request_timeout_s):
-            if info.addrs:
-                await swarm.host.connect(info)
-            value = await swarm.dht.get_value(key)
-        if value is None:
-            return None
-        record = decode_record(key, value)
-    except (trio.TooSlowError, InvalidRecord, OSError, SwarmException) as exc:
-        event(log, logging.INFO, "skipping learner", peer=info.peer_id, error=exc)
+    """The named learner's job, if its signed record is found (and is of
+    ``config.job_id`` when set); its model is checked when it is followed."""
+    job = await read_job(swarm, info, config.request_timeout_s, check=lambda record: None)
+    if job.record is None:
+        event(log, logging.INFO, "skipping learner", peer=info.peer_id, error=job.problem)
         return None
-    if config.job_id and record.job_id != config.job_id:
-        event(log, logging.INFO, "skipping learner of another job", peer=info.peer_id, job=record.job_id)
+    if config.job_id and job.record.job_id != config.job_id:
+        event(log, logging.INFO, "skipping learner of another job", peer=info.peer_id, job=job.record.job_id)
         return None
     pin_learner(swarm.host, info.peer_id, info.addrs)
-    return FoundLearner(info.peer_id, record, tuple(info.addrs))
+    return FoundLearner(info.peer_id, job.record, tuple(info.addrs))

@@ -27,6 +27,7 @@ from echo_node import receipts, status
 from echo_node.backend import Backend, generate_in_calls
 from echo_node.config import NodeConfig
 from echo_node.guard import Refused, check_assignment
+from echo_node.jobs import check_model
 from echo_node.learner_lookup import find_learner, relocate_learner
 from echo_node.memory import GiB, free_bytes, prompts_per_call
 from echo_node.weights import Weights
@@ -283,7 +284,9 @@ class Node:
         """Look up a learner and read its job from its signed manifest record
         (``echo_node.learner_lookup``); ``NoLearnerFound`` if none answers."""
         assert self.swarm is not None
-        found = await find_learner(self.swarm, self.config, self.learner_addrs)
+        # A stranger's job is taken only if this machine could run it.
+        check = self.weights.check_job if self.weights is not None else check_model
+        found = await find_learner(self.swarm, self.config, self.learner_addrs, check)
         self.learner, self.record, self.job_id = found.peer, found.record, found.record.job_id
         self._learner_at = found.addrs
 

@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from echo_node.backend import Backend
 from echo_node.config import NodeConfig
 from echo_node.guard import ModelLimits, ModelShape, Refused, check_version, model_shape
-from echo_node.memory import fit_backend, gib, load_need
+from echo_node.memory import choose_dtype, fit_backend, gib, load_need
 from protocol import updates
 from protocol.broadcast.engine import BroadcastEngine, VersionTooLarge
 from protocol.errors import ProtocolError
@@ -83,6 +83,12 @@ class Weights:
             free=gib(free),
         )
 
+    def check_job(self, record: Manifest) -> None:
+        """Refuse (``Refused``) a job whose model this machine could not build
+        or hold, changing nothing (``fit_job`` fits the backend to the job taken)."""
+        asked = "auto" if self.backend.auto_dtype else self.backend.dtype
+        choose_dtype(model_shape(record.model_config), self.backend.spec, asked, self.free())
+
     def named(self, version: int) -> None:
         """The learner named ``version`` (``follow`` fetches it when newer)."""
         if version > self._wanted:
@@ -118,6 +124,11 @@ class Weights:
                 raise RequestFailed(f"learner offers v{manifest.version} but assigned v{version}")
             newest = await download_newer(self.engine, manifest, self.version)
             loaded = self.engine.store.manifests[newest]
+            # A signed config that describes no model we can build is refused
+            # here, before any work, whatever the format: a LoRA version's
+            # config reaches no other check before the swap.
+            shape = model_shape(loaded.model_config)
+            limits = ModelLimits.from_config(loaded.model_config)  # model_shape checked its fields
             # Preparing (for llama.cpp: writing a GGUF) overlaps generation;
             # only the swap waits for a running generation to finish.
             try:
@@ -127,13 +138,13 @@ class Weights:
             async with self.in_use:
                 self.backend.use(prepared)
                 self.version = newest
-                self.limits = ModelLimits.from_config(loaded.model_config)
-                self.shape = model_shape(loaded.model_config)
+                self.limits, self.shape = limits, shape
             event(log, logging.INFO, "loaded weights", version=newest, format=loaded.format)
 
     def _prepare_version(self, version: int) -> Any:
         """Get ``version`` ready in the backend, every signed digest checked
-        (``UpdateRefused`` otherwise): a LoRA version from its adapter and
+        (``UpdateRefused`` otherwise, as for anything it declares beyond the
+        node's ``UpdateLimits``): a LoRA version from its adapter and
         the base the backend holds (llama.cpp: as an adapter; torch: merged
         into a model), a variant as it is, any other rebuilt into full
         weights (protocol.updates)."""
@@ -155,7 +166,9 @@ class Weights:
             return weights
 
         try:
-            return prepare_lora(m.model_config, base.weights_digest, base_weights, adapter, variant)
+            # The node's limits on what an adapter declares (``UpdateRefused``
+            # beyond them, before the base is assembled or anything loaded).
+            return prepare_lora(m.model_config, base.weights_digest, base_weights, adapter, variant, self.config)
         except (ValueError, RuntimeError, SafetensorError) as exc:
             raise Refused(f"could not load the weights: {exc}") from exc
 

@@ -21,11 +21,18 @@ from Hugging Face's rotate-half layout to llama.cpp's interleaved one
 ``W + B @ A`` are the rows of ``W`` plus the rows of ``B``, so ``lora_b`` of q
 and k gets the same row permutation and ``lora_a`` (whose rows are the rank)
 none.
+
+An adapter reaches this after ``protocol.update_limits.check_adapter``; what
+does not depend on the node's limits is checked again here, as the file is
+written for llama.cpp, which loads whatever numbers it is given:
+alpha and every value finite, and a rank no larger than its matrix's
+smaller side (``UpdateRefused``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -34,6 +41,7 @@ import numpy as np
 
 from protocol.families import UnsupportedModel, family_of
 from protocol.gguf_export import TensorNames, atomic_writer, permute
+from protocol.update_limits import UpdateRefused
 
 # base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight
 #   -> model.layers.3.self_attn.q_proj, "A"
@@ -46,6 +54,8 @@ def write_lora_gguf(config_json: str, adapter: dict[str, Any], alpha: float, pat
     base model of ``config_json`` exported by ``protocol.gguf_export``."""
     import gguf
 
+    if not math.isfinite(alpha):
+        raise UpdateRefused(f"adapter alpha {alpha} is not finite")
     config = json.loads(config_json)
     family = family_of(config)
     heads = config["num_attention_heads"]
@@ -59,7 +69,10 @@ def write_lora_gguf(config_json: str, adapter: dict[str, Any], alpha: float, pat
         gguf_name = names.get(base) if base else None
         if gguf_name is None or gguf_name.endswith("norm.weight"):
             raise UnsupportedModel(f"not a LoRA tensor of a {family.model_type} matrix: {peft_name}")
-        pairs.setdefault(base, {})[match["half"]] = _as_f32(tensor)
+        array = _as_f32(tensor)
+        if not np.isfinite(array).all():
+            raise UpdateRefused(f"adapter tensor {peft_name} holds values that are not finite")
+        pairs.setdefault(base, {})[match["half"]] = array
 
     with atomic_writer(Path(path), family) as writer:
         writer.add_type(gguf.GGUFType.ADAPTER)
@@ -71,6 +84,8 @@ def write_lora_gguf(config_json: str, adapter: dict[str, Any], alpha: float, pat
             a, b = halves["A"], halves["B"]
             if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1]:
                 raise UnsupportedModel(f"{base}: lora_A {a.shape} and lora_B {b.shape} do not fit")
+            if a.shape[0] > min(a.shape[1], b.shape[0]):
+                raise UpdateRefused(f"{base}: rank {a.shape[0]} exceeds its {b.shape[0]}x{a.shape[1]} matrix")
             if family.permute_qk and base.endswith("q_proj.weight"):
                 b = permute(b, heads)
             elif family.permute_qk and base.endswith("k_proj.weight"):

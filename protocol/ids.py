@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 
 # DHT namespace of our records; bootstrap peers and everyone else register a
@@ -19,9 +20,33 @@ JOB_DIRECTORY_KEY = "echo-swarm/jobs/v1"
 RELAY_DIRECTORY_KEY = "echo-swarm/relays/v1"
 
 
+# A record key other Kademlia implementations can store: rust-libp2p and
+# go-libp2p begin a PUT_VALUE with a FIND_NODE on the record key, and
+# py-libp2p 0.8.1 resets a FIND_NODE whose key is neither a multihash nor at
+# most 50 bytes. This prefix plus 32 base32 characters is 46 bytes.
+MAX_FIND_NODE_KEY = 50
+MANIFEST_PREFIX = f"/{DHT_NAMESPACE}/m/"
+_MANIFEST_DIGEST_BYTES = 20  # 160 bits: finding a peer id that collides is out of reach
+
+
 def manifest_key(learner_id: str) -> str:
-    """The DHT key of a learner's newest signed manifest."""
+    """The DHT key of a learner's newest signed manifest: its peer id hashed
+    into 46 bytes, so that a validator recomputes it from the record's signer."""
+    digest = hashlib.sha256(learner_id.encode()).digest()[:_MANIFEST_DIGEST_BYTES]
+    return MANIFEST_PREFIX + base64.b32encode(digest).decode().lower()
+
+
+def legacy_manifest_key(learner_id: str) -> str:
+    """The manifest key of protocol version 1 before the hashed one (64 bytes
+    for an Ed25519 peer id, too long for other implementations' FIND_NODE).
+    Learners write it beside ``manifest_key`` and nodes read it second, until
+    protocol version 2 drops it (docs/protocol.md, section 7)."""
     return f"/{DHT_NAMESPACE}/{learner_id}"
+
+
+def manifest_keys(learner_id: str) -> tuple[str, ...]:
+    """Every key a learner's manifest is under, in the order nodes read them."""
+    return manifest_key(learner_id), legacy_manifest_key(learner_id)
 
 
 def swarm_key(job_id: str) -> str:

@@ -25,7 +25,10 @@ manifest signs ``weights_digest``, the SHA-256 of the file its chunks
 assemble to once decoded: the full weights for ``safetensors`` and
 ``delta``, the adapter file for ``lora``. A node rebuilds a version only
 from a base whose manifest digest matches, and refuses any result whose
-digest differs (``UpdateRefused``). Merging a LoRA adapter rounds like any
+digest differs (``UpdateRefused``). Before that, every size or scale an
+update declares is held against what the node allows
+(``protocol.update_limits``): a signature says who sent an update, not that
+it is sane. Merging a LoRA adapter rounds like any
 other f32 arithmetic on the node's hardware, as quantising does: the signed
 bytes (base and adapter) are exact, the merge is checked by the learner's
 log-prob tolerance like every rollout.
@@ -40,9 +43,11 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from protocol import codec
-from protocol.errors import ProtocolError
+from protocol import codec, update_limits
 from protocol.messages import Manifest
+
+# Defined beside the checks; raised and taken here, and imported from here.
+from protocol.update_limits import UpdateLimits, UpdateRefused, check_adapter
 
 FULL, DELTA, LORA, Q8_GGUF = "safetensors", "delta", "lora", "gguf_q8_0"
 FORMATS = (FULL, DELTA, LORA, Q8_GGUF)
@@ -52,10 +57,8 @@ VARIANTS = (Q8_GGUF,)
 ZSTD_LEVEL = 3
 WORD = 4  # f32
 DECODE_BLOCK_WORDS = 4 * 2**20  # 16 MiB of weights at a time
-
-
-class UpdateRefused(ProtocolError):
-    """An update that does not rebuild into the weights its manifest signs."""
+# zstd's smallest window (ZSTD_WINDOWLOG_MIN); a frame may always use it.
+MIN_WINDOW = 2**10
 
 
 def digest(data: bytes) -> bytes:
@@ -82,17 +85,16 @@ def encode_delta(base: bytes, new: bytes) -> bytes | None:
 
 def decode_delta(base: bytes, delta: bytes) -> bytes:
     """The file ``delta`` was made from; ``UpdateRefused`` if it cannot be one
-    of ``base``'s length (decompression stops at that many bytes).
+    of ``base``'s length. Nothing larger than that is ever allocated: a frame
+    declaring another size is refused from its header (python-zstandard's
+    one-shot decoder would allocate whatever a frame declares, 8 GiB for a
+    256 KiB delta), and the frames are read by a streaming decoder, its
+    window bounded by the base's length, into a buffer of that length.
 
     Rebuilt in blocks of words, so that beyond the decompressed planes only
     the result is held (a node rebuilds 538 MB of SmolLM2 in ~2 GB, not 3).
     """
-    try:
-        raw = zstandard.ZstdDecompressor().decompress(delta, max_output_size=len(base))
-    except zstandard.ZstdError as exc:
-        raise UpdateRefused(f"the delta does not decompress: {exc}") from exc
-    if len(raw) != len(base):
-        raise UpdateRefused(f"the delta holds {len(raw)} bytes, its base {len(base)}")
+    raw = _delta_planes(delta, len(base))
     out = bytearray(base)
     result, planes = np.frombuffer(out, np.uint8), np.frombuffer(raw, np.uint8)
     words = len(raw) // WORD
@@ -105,6 +107,46 @@ def decode_delta(base: bytes, delta: bytes) -> bytes:
     return bytes(out)
 
 
+def _delta_planes(delta: bytes, size: int) -> bytearray:
+    """The ``size`` bytes ``delta``'s zstd frames hold; ``UpdateRefused`` if
+    they hold any other number, or need a window beyond ``size``."""
+    try:
+        frame = zstandard.get_frame_parameters(delta)
+    except zstandard.ZstdError as exc:
+        raise UpdateRefused(f"the delta is not a zstd frame: {exc}") from exc
+    if frame.content_size not in (size, zstandard.CONTENTSIZE_UNKNOWN):
+        raise UpdateRefused(f"the delta declares {frame.content_size} bytes, its base holds {size}")
+    window = max(MIN_WINDOW, 1 << max(size - 1, 1).bit_length())  # the power of two >= size
+    if frame.window_size > window:
+        raise UpdateRefused(f"the delta asks for a {frame.window_size}-byte window, for {size} bytes")
+    if frame.dict_id:
+        raise UpdateRefused(f"the delta needs zstd dictionary {frame.dict_id}")
+    out = bytearray(size)
+    # Later frames (or a first one of unknown size) declare nothing checked
+    # above: the reader fills at most ``out``, and one byte more is refused.
+    reader = zstandard.ZstdDecompressor(max_window_size=window).stream_reader(delta, read_across_frames=True)
+    try:
+        with reader:
+            got = _read_into(reader, memoryview(out))
+            extra = reader.read(1)
+    except zstandard.ZstdError as exc:
+        raise UpdateRefused(f"the delta does not decompress: {exc}") from exc
+    if got != size or extra:
+        held = f"more than {size}" if extra else str(got)
+        raise UpdateRefused(f"the delta holds {held} bytes, its base {size}")
+    return out
+
+
+def _read_into(reader: zstandard.ZstdDecompressionReader, out: memoryview) -> int:
+    got = 0
+    while got < len(out):
+        n = reader.readinto(out[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
 # --- LoRA adapters ---------------------------------------------------------------
 
 
@@ -114,9 +156,10 @@ def lora_metadata(rank: int, alpha: float) -> dict[str, str]:
     return {"lora": json.dumps({"alpha": alpha, "rank": rank}, sort_keys=True)}
 
 
-def merge_lora(base: bytes, adapter: bytes) -> bytes:
+def merge_lora(base: bytes, adapter: bytes, limits: UpdateLimits = UpdateLimits()) -> bytes:
     """The base safetensors file with the adapter merged in, as safetensors
-    bytes (the merged matrices in float32)."""
+    bytes (the merged matrices in float32); ``UpdateRefused`` if the adapter
+    is beyond ``limits`` or does not fit the base."""
     from safetensors import SafetensorError
     from safetensors.torch import load, save  # torch: only where weights are merged
 
@@ -124,30 +167,33 @@ def merge_lora(base: bytes, adapter: bytes) -> bytes:
         weights = load(base)
     except SafetensorError as exc:
         raise UpdateRefused(f"not a safetensors file: {exc}") from exc
-    return save(merged_lora(weights, adapter))
+    return save(merged_lora(weights, adapter, limits))
 
 
-def merged_lora(weights: dict[str, Any], adapter: bytes) -> dict[str, Any]:
+def merged_lora(weights: dict[str, Any], adapter: bytes, limits: UpdateLimits = UpdateLimits()) -> dict[str, Any]:
     """``weights`` (torch tensors by name) with the adapter file merged in:
     a new dict whose adapted matrices are new float32 tensors, W + (alpha/r) B A,
-    and whose other tensors are ``weights``' own (not copied)."""
+    and whose other tensors are ``weights``' own (not copied). ``UpdateRefused``
+    before anything is merged if the adapter is beyond ``limits`` or any of its
+    pairs does not fit its base matrix."""
     from safetensors import SafetensorError
     from safetensors.torch import load
 
-    rank, alpha = lora_settings(adapter)
+    checked = check_adapter(adapter, limits)
+    for pair in checked.pairs:
+        w = weights.get(_base_name(pair.prefix) + ".weight")
+        if w is None or (pair.rows, pair.columns) != tuple(w.shape):
+            raise UpdateRefused(f"adapter tensor {pair.prefix} does not fit the base model")
     try:
         lora = load(adapter)
     except SafetensorError as exc:
         raise UpdateRefused(f"not a safetensors file: {exc}") from exc
     merged = dict(weights)
-    scale = alpha / rank
-    for name_a in sorted(k for k in lora if k.endswith(".lora_A.weight")):
-        prefix = name_a[: -len(".lora_A.weight")]
-        a, b = lora[name_a], lora.get(prefix + ".lora_B.weight")
-        target = _base_name(prefix) + ".weight"
-        w = weights.get(target)
-        if b is None or w is None or b.shape[1] != a.shape[0] or (b.shape[0], a.shape[1]) != tuple(w.shape):
-            raise UpdateRefused(f"adapter tensor {prefix} does not fit the base model")
+    scale = checked.alpha / checked.rank
+    for pair in checked.pairs:
+        a, b = lora[pair.prefix + ".lora_A.weight"], lora[pair.prefix + ".lora_B.weight"]
+        target = _base_name(pair.prefix) + ".weight"
+        w = weights[target]
         # In float32 whatever the base's dtype: rounding the merged matrix to
         # a bf16 base's dtype would move the node off the learner's policy.
         merged[target] = (w.float() + scale * (b.float() @ a.float())).contiguous()
@@ -155,15 +201,14 @@ def merged_lora(weights: dict[str, Any], adapter: bytes) -> dict[str, Any]:
 
 
 def lora_settings(adapter: bytes) -> tuple[int, float]:
-    """An adapter file's rank and alpha; ``UpdateRefused`` if it has none."""
+    """An adapter file's rank and alpha; ``UpdateRefused`` if it has none, or
+    they are not a positive integer and a finite number (their bounds are
+    ``check_adapter``'s)."""
     try:
-        meta = json.loads(metadata(adapter)["lora"])
-        rank, alpha = int(meta["rank"]), float(meta["alpha"])
-    except (KeyError, TypeError, ValueError) as exc:
+        meta = metadata(adapter)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise UpdateRefused(f"not a LoRA adapter file: {exc}") from exc
-    if rank <= 0:
-        raise UpdateRefused(f"adapter rank {rank}")
-    return rank, alpha
+    return update_limits.lora_settings(meta)
 
 
 def metadata(data: bytes) -> dict[str, str]:
@@ -245,14 +290,21 @@ def check_signed(manifest: Manifest, payload: bytes, base: Manifest | None, base
     return weights
 
 
-def rebuild(manifest: Manifest, payload: bytes, base: Manifest | None, base_payload: bytes | None) -> bytes:
+def rebuild(
+    manifest: Manifest,
+    payload: bytes,
+    base: Manifest | None,
+    base_payload: bytes | None,
+    limits: UpdateLimits = UpdateLimits(),
+) -> bytes:
     """The full safetensors weights of ``manifest``'s version, from its
     assembled chunks (and its base's, for an update); ``UpdateRefused`` if
-    anything does not match what the learner signed."""
+    anything does not match what the learner signed or declares more than
+    ``limits`` allow."""
     checked = check_signed(manifest, payload, base, base_payload)
     if manifest.format == LORA:
         assert base is not None and base_payload is not None
         if base.format in VARIANTS:
             raise UpdateRefused(f"v{manifest.version}: an adapter on a {base.format} base loads in llama.cpp only")
-        return merge_lora(base_payload, checked)
+        return merge_lora(base_payload, checked, limits)
     return checked

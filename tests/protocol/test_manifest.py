@@ -4,7 +4,7 @@ import pytest
 
 from protocol import codec, manifest
 from protocol.errors import ChunkHashMismatch, DecodeError, SignatureError
-from protocol.ids import manifest_key
+from protocol.ids import manifest_key, manifest_keys
 from protocol.records import InvalidRecord, ManifestRecordValidator
 
 from .samples import LEARNER, NODE
@@ -77,3 +77,14 @@ def test_dht_record_validator():
         v.validate(key, b"garbage")
     with pytest.raises(InvalidRecord):
         v.validate("/other/" + LEARNER.peer_id_str, old)
+
+
+def test_dht_record_validator_takes_both_keys_of_the_signer_and_no_one_elses():
+    """The hashed key and, during the deprecation window, the legacy one."""
+    v = ManifestRecordValidator()
+    record = codec.encode(build(version=1)[0])
+    for key in manifest_keys(LEARNER.peer_id_str):
+        v.validate(key, record)
+    for key in manifest_keys(NODE.peer_id_str):
+        with pytest.raises(InvalidRecord):
+            v.validate(key, record)

@@ -1,11 +1,16 @@
 """Versions as updates against a base: deltas and LoRA adapters rebuild bit-exact
-or are refused, and the store keeps the bases its versions need."""
+or are refused, and the store keeps the bases its versions need. An update
+that declares more than a node allows (a bomb from a learner key the node
+trusts) is refused before anything is allocated for it."""
 
 import dataclasses
+import json
+import tracemalloc
 
 import numpy as np
 import pytest
 import torch
+import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +20,7 @@ from echo_learner.publishing import Publisher
 from protocol import codec, manifest, updates
 from protocol.broadcast.store import VersionStore
 from protocol.errors import DecodeError
-from protocol.updates import UpdateRefused
+from protocol.updates import UpdateLimits, UpdateRefused
 
 from .samples import LEARNER
 
@@ -206,3 +211,164 @@ def test_an_old_base_goes_once_no_kept_version_needs_it(tmp_path):
     assert store.manifests[4].base_version == 3 and store.usable(4)
     on_disk = {p.name for p in (tmp_path / "chunks").iterdir()}
     assert on_disk == {h.hex() for v in (3, 4) for h in store.manifests[v].chunk_hashes}
+
+
+# --- updates that declare more than a node allows -----------------------------------
+
+
+def declaring(size, content):
+    """An unfinished zstd frame whose header declares ``size`` bytes and whose
+    blocks hold ``content``: what a hostile learner can sign as a delta."""
+    writer = zstandard.ZstdCompressor(level=3).compressobj(size=size)
+    return writer.compress(content) + writer.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+
+
+def peak_bytes(fn, *args):
+    tracemalloc.start()
+    try:
+        with pytest.raises(UpdateRefused) as refused:
+            fn(*args)
+        return tracemalloc.get_traced_memory()[1], str(refused.value)
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_delta_declaring_8_gib_is_refused_without_allocating():
+    base = np.random.default_rng(0).bytes(2**20)
+    bomb = declaring(8 * 2**30, np.random.default_rng(1).bytes(256 * 2**10))
+    assert len(bomb) < 300 * 2**10 and zstandard.get_frame_parameters(bomb).content_size == 8 * 2**30
+    peak, why = peak_bytes(updates.decode_delta, base, bomb)
+    assert peak < 2**20, f"{peak / 2**20:.1f} MiB allocated for a refusal"
+    assert "declares 8589934592 bytes" in why
+
+
+def test_delta_frames_beyond_the_base_are_refused_by_a_bounded_reader():
+    base = np.random.default_rng(2).bytes(64 * 2**10)
+    good = updates.encode_delta(base, base[::-1])
+    unknown = zstandard.ZstdCompressor(write_content_size=False)
+    # Frames of unknown size rebuild like any other when they hold the base's length.
+    planes = zstandard.ZstdDecompressor().decompress(good)
+    assert updates.decode_delta(base, unknown.compress(planes)) == base[::-1]
+    tiny_window = zstandard.ZstdCompressor(
+        compression_params=zstandard.ZstdCompressionParameters(window_log=10, write_content_size=False)
+    )
+    for bomb, why in (
+        (good + updates.encode_delta(base, base), "more than"),  # a second frame
+        (tiny_window.compress(bytes(64 * 2**20)), "more than"),  # 64 MiB of unknown size
+        (unknown.compress(planes[:-1]), "holds 65535"),
+        (unknown.compress(bytes(2**22)), "window"),  # a window beyond the base
+        (good[:-3], "holds 65533"),  # cut short
+    ):
+        peak, message = peak_bytes(updates.decode_delta, base, bomb)
+        assert why in message
+        assert peak < 2 * len(base) + 2**16, f"{peak} bytes allocated for a {len(base)}-byte base"
+
+
+BASE_Q = "model.layers.0.self_attn.q_proj.weight"
+PEFT_Q = "base_model.model.model.layers.0.self_attn.q_proj"
+
+
+def adapter_file(rank=2, alpha=4.0, a=None, b=None, meta=None):
+    from safetensors.numpy import save
+
+    a = np.full((rank, 8), 0.1, np.float32) if a is None else a
+    b = np.full((8, rank), 0.1, np.float32) if b is None else b
+    return save(
+        {PEFT_Q + ".lora_A.weight": a, PEFT_Q + ".lora_B.weight": b},
+        metadata=updates.lora_metadata(rank, alpha) if meta is None else meta,
+    )
+
+
+def base_file():
+    from safetensors.numpy import save
+
+    return save({BASE_Q: np.eye(8, dtype=np.float32), "model.norm.weight": np.ones(8, np.float32)})
+
+
+def test_a_sane_adapter_merges():
+    from safetensors.numpy import load
+
+    merged = load(updates.merge_lora(base_file(), adapter_file()))[BASE_Q]
+    np.testing.assert_allclose(merged, np.eye(8) + 2.0 * 2 * 0.01, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "adapter, why",
+    [
+        (adapter_file(alpha=1e38), "alpha/rank"),
+        (adapter_file(alpha=float("nan")), "not a finite number"),
+        (adapter_file(alpha=float("inf")), "not a finite number"),
+        (adapter_file(alpha=-1e38), "alpha/rank"),
+        (adapter_file(meta={"lora": '{"alpha": 1e999, "rank": 2}'}), "not a finite number"),
+        (adapter_file(meta={"lora": '{"alpha": 4, "rank": -2}'}), "rank -2"),
+        (adapter_file(meta={"lora": '{"alpha": 4, "rank": 0}'}), "rank 0"),
+        (adapter_file(meta={"lora": '{"alpha": 4, "rank": 2.5}'}), "rank 2.5"),
+        (adapter_file(meta={"lora": '{"alpha": 4, "rank": 3}'}), "not rank 3"),
+        (adapter_file(meta={}), "not a LoRA adapter"),
+        (adapter_file(a=np.full((2, 8), np.nan, np.float32)), "not finite"),
+        (adapter_file(b=np.full((8, 2), np.inf, np.float32)), "not finite"),
+        (adapter_file(b=np.full((8, 2), 1e30, np.float32)), "beyond"),
+        (adapter_file(rank=9, a=np.zeros((9, 8), np.float32), b=np.zeros((8, 9), np.float32)), "exceeds its 8x8"),
+        (adapter_file(a=np.zeros((2, 16), np.float32)), "does not fit the base"),
+        (adapter_file(b=np.zeros((4, 2), np.float32)), "does not fit the base"),
+    ],
+)
+def test_an_adapter_beyond_the_limits_is_refused_before_merging(adapter, why):
+    with pytest.raises(UpdateRefused, match=why):
+        updates.merge_lora(base_file(), adapter)
+
+
+def lie(adapter, header_len=None, header=None):
+    """``adapter`` with its header length or header replaced."""
+    n = int.from_bytes(adapter[:8], "little")
+    text = adapter[8 : 8 + n] if header is None else header
+    return (len(text) if header_len is None else header_len).to_bytes(8, "little") + text + adapter[8 + n :]
+
+
+def test_an_adapter_whose_header_lies_is_refused():
+    good = adapter_file()
+    n = int.from_bytes(good[:8], "little")
+    header = json.loads(good[8 : 8 + n])
+    too_far = dict(
+        header, **{PEFT_Q + ".lora_A.weight": dict(header[PEFT_Q + ".lora_A.weight"], data_offsets=[0, 2**40])}
+    )
+    wrong_shape = dict(header, **{PEFT_Q + ".lora_B.weight": dict(header[PEFT_Q + ".lora_B.weight"], shape=[2**20, 2])})
+    for bad in (
+        lie(good, header_len=2**63),
+        lie(good, header_len=len(good)),
+        lie(good, header=b" " * (2 * 2**20)),  # beyond max_adapter_header_kib
+        lie(good, header=json.dumps(too_far).encode()),
+        lie(good, header=json.dumps(wrong_shape).encode()),
+        lie(good, header=b"[" * 100_000),
+        good[:7],
+    ):
+        peak, _ = peak_bytes(updates.merge_lora, base_file(), bad)
+        assert peak < len(bad) + 2**20
+    limits = UpdateLimits(max_adapter_header_kib=16)
+    with pytest.raises(UpdateRefused, match="header"):
+        updates.check_adapter(lie(good, header=good[8 : 8 + n] + b" " * 20_000), limits)
+
+
+def test_the_llama_cpp_adapter_writer_refuses_what_llama_cpp_would_load(tmp_path):
+    pytest.importorskip("gguf")
+    from protocol.gguf_lora import write_lora_gguf
+
+    config = config_json(build_model(ModelShape()))
+    hidden = json.loads(config)["hidden_size"]
+    a, b = np.full((2, hidden), 0.1, np.float32), np.full((hidden, 2), 0.1, np.float32)
+    nan = np.full((2, hidden), np.nan, np.float32)
+    for tensors, alpha, why in (
+        ({PEFT_Q + ".lora_A.weight": a, PEFT_Q + ".lora_B.weight": b}, float("inf"), "alpha"),
+        ({PEFT_Q + ".lora_A.weight": nan, PEFT_Q + ".lora_B.weight": b}, 4.0, "not finite"),
+        (
+            {
+                PEFT_Q + ".lora_A.weight": np.zeros((hidden + 1, hidden), np.float32),
+                PEFT_Q + ".lora_B.weight": np.zeros((hidden, hidden + 1), np.float32),
+            },
+            4.0,
+            "exceeds",
+        ),
+    ):
+        with pytest.raises(UpdateRefused, match=why):
+            write_lora_gguf(config, tensors, alpha, tmp_path / "lora.gguf")
+        assert not (tmp_path / "lora.gguf").exists()
