@@ -40,6 +40,10 @@ class Refused(ValueError):
     """An assignment this node will not run; the message says why."""
 
 
+class DoesNotFit(Refused):
+    """A sound job whose model this machine cannot hold (memory, device)."""
+
+
 @dataclass(frozen=True)
 class ModelLimits:
     """What the loaded model can take: token ids below ``vocab_size``, at most

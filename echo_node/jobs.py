@@ -23,7 +23,7 @@ from libp2p.network.exceptions import SwarmException
 from libp2p.peer.peerinfo import PeerInfo
 
 from echo_node.config import NodeConfig
-from echo_node.guard import Refused, model_shape
+from echo_node.guard import DoesNotFit, Refused, model_shape
 from protocol.ids import JOB_DIRECTORY_KEY, manifest_keys, swarm_key
 from protocol.logs import event
 from protocol.messages import Manifest
@@ -50,6 +50,7 @@ class Job:
     addrs: tuple[multiaddr.Multiaddr, ...]  # where the DHT says it listens
     record: Manifest | None  # its manifest record, when one was found and its signature holds
     problem: str = ""  # why it is not a job to take ("" when it checks out)
+    fits: bool = True  # False: a sound job whose model this machine cannot hold (``problem`` says why)
     nodes: int | None = None  # peers other than the learner announced under the job's swarm key (None: not asked)
 
     @property
@@ -109,7 +110,7 @@ async def read_job(swarm: Swarm, info: PeerInfo, timeout_s: float, check: JobChe
     try:
         check(record)
     except Refused as exc:
-        return Job(learner, addrs, record, str(exc))
+        return Job(learner, addrs, record, str(exc), fits=not isinstance(exc, DoesNotFit))
     return Job(learner, addrs, record)
 
 

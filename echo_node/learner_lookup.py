@@ -22,6 +22,7 @@ from libp2p.peer.peerinfo import PeerInfo
 from libp2p.peer.peerstore import PERMANENT_ADDR_TTL
 
 from echo_node.config import NodeConfig
+from echo_node.guard import DoesNotFit
 from echo_node.jobs import Job, JobCheck, check_model, describe_choice, list_jobs, log_skipped, read_job
 from protocol.host import parse_multiaddr
 from protocol.ids import JOB_DIRECTORY_KEY
@@ -88,6 +89,7 @@ async def find_learner(
     # With no bootstrap peer only the LAN can answer, and soon if at all.
     patience = config.discovery_timeout_s if config.bootstrap else config.lan_wait_s
     skipped: set[tuple[str, str]] = set()
+    misfit = ""  # why the last sound job this machine cannot hold was skipped
     with trio.move_on_after(patience):
         while True:
             if wanted:
@@ -99,6 +101,7 @@ async def find_learner(
             else:
                 jobs = await list_jobs(swarm, config.request_timeout_s, check)
                 log_skipped(jobs, skipped)
+                misfit = next((j.problem for j in jobs if not j.fits), misfit)
                 valid = [j for j in jobs if j.ok and (not config.job_id or _job_of(j) == config.job_id)]
                 if len(valid) > 1:
                     raise SeveralJobs(
@@ -117,6 +120,10 @@ async def find_learner(
             "bootstrap peer was given: paste the invite the learner's operator gave you "
             "(echo-node join echo1:...), or pass --bootstrap ADDR"
         )
+    if misfit:
+        # Only now: a job too big for this machine may be a decoy's, and
+        # another job that fits may still be announced.
+        raise DoesNotFit(misfit)
     rejected = (
         f"; skipped {len({peer for peer, _ in skipped})} that failed their checks (see the log)" if skipped else ""
     )

@@ -19,7 +19,7 @@ from safetensors import SafetensorError
 
 from echo_node.backend import Backend
 from echo_node.config import NodeConfig
-from echo_node.guard import ModelLimits, ModelShape, Refused, check_version, model_shape
+from echo_node.guard import DoesNotFit, ModelLimits, ModelShape, Refused, check_version, model_shape
 from echo_node.memory import choose_dtype, fit_backend, gib, load_need
 from protocol import updates
 from protocol.broadcast.engine import BroadcastEngine, VersionTooLarge
@@ -87,7 +87,11 @@ class Weights:
         """Refuse (``Refused``) a job whose model this machine could not build
         or hold, changing nothing (``fit_job`` fits the backend to the job taken)."""
         asked = "auto" if self.backend.auto_dtype else self.backend.dtype
-        choose_dtype(model_shape(record.model_config), self.backend.spec, asked, self.free())
+        shape = model_shape(record.model_config)
+        try:
+            choose_dtype(shape, self.backend.spec, asked, self.free())
+        except Refused as exc:
+            raise DoesNotFit(str(exc)) from None
 
     def named(self, version: int) -> None:
         """The learner named ``version`` (``follow`` fetches it when newer)."""

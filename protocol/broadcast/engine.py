@@ -395,6 +395,7 @@ class BroadcastEngine:
             event(log, logging.DEBUG, "have-stream ended", peer=peer, error=group.exceptions[0])
         finally:
             self.neighbours.pop(peer, None)
+            self.server.standing.forget(peer, trio.current_time())
             self._relayed.discard(peer)
             await self.requests.forget(peer)
             if self.download is not None:
@@ -421,6 +422,7 @@ class BroadcastEngine:
             if theirs.job_id != self.job_id:
                 raise ProtocolError(f"have for job {theirs.job_id}")
             self.neighbours[peer] = theirs
+            self.server.standing.note_have(peer, theirs, trio.current_time())
             if self.have_listener is not None:
                 self.have_listener(peer, theirs)
             newest = self.newest_wanted()
@@ -570,6 +572,7 @@ class BroadcastEngine:
             if len(self._trusted) >= MAX_TRUSTED:
                 self._trusted.clear()
             self._trusted.add(peer)
+            self.server.standing.note_served_us(peer, now)
             self.requests.cancel_copies(idx, done_by=peer)
             if self.store.complete(m.version):
                 self.stats.completed_at.setdefault(m.version, time.time())

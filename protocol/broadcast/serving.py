@@ -6,7 +6,8 @@ upload token bucket, ``upload_slots`` at a time with a short queue behind
 (``UploadPolicy`` admits, ``UploadQueue`` orders: see ``uploads``); a
 requester that stops reading loses its upload after ``stall_s``. The learner
 offers only the chunks not yet sent in its current round and declines the others
-(``ask_others``).
+(``ask_others``). Requesters that pass nothing on (``reciprocity``: an empty
+Have, not a neighbour, or banned) are served within the free riders' share.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from libp2p.abc import INetStream
 from protocol import codec
 from protocol.broadcast import bitfield
 from protocol.broadcast.ratelimit import TokenBucket
+from protocol.broadcast.reciprocity import Standing
 from protocol.broadcast.settings import BroadcastConfig, Stats
 from protocol.broadcast.store import VersionStore
 from protocol.broadcast.uploads import UploadPolicy, UploadQueue
@@ -49,6 +51,8 @@ class Engine(Protocol):
 
     def have_changed(self) -> None: ...
 
+    def banned(self, peer: str) -> bool: ...
+
     def holding(self, version: int, variant: str) -> VersionStore | None: ...
 
 
@@ -62,7 +66,9 @@ class ChunkServer:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.bucket = TokenBucket.from_mbit(engine.config.max_upload_mbit)
+        self.free_bucket = TokenBucket.from_mbit(engine.config.free_rider_mbit)
         self._queue = UploadQueue(engine.config.slots(engine.config.max_upload_mbit))
+        self.standing = Standing(engine.config.initial_credit_chunks, engine.config.credit_s)
         self._policies: dict[tuple[int, str], UploadPolicy] = {}  # by version and variant
 
     def offered(self, version: int) -> frozenset[int] | None:
@@ -96,7 +102,10 @@ class ChunkServer:
         peer = remote_peer(stream)
         offer = policy.offered()
         weak = peer in e.relayed_peers
-        verdict = policy.allow(req.index, peer, weak)
+        free = self.standing.free_rider(
+            peer, trio.current_time(), neighbour=e.neighbours.get(peer) is not None, banned=e.banned(peer)
+        )
+        verdict = policy.allow(req.index, peer, weak, free)
         if verdict != "ok":
             await chunk.send_reply(stream, ErrorReply(verdict, "fetch it later or from another peer"))
             return
@@ -105,12 +114,15 @@ class ChunkServer:
         ok = False
         try:
             reply = ChunkData(e.job_id, req.version, req.index, data)
-            async with self._slot(policy.priority(peer, self._shared(store, peer, req.version))):
+            priority = policy.priority(peer, self._shared(store, peer, req.version))
+            async with self._slot(priority, peer, free):
                 # A requester that stops reading would hold an upload slot
                 # for ever: each piece must leave within stall_s.
                 with trio.CancelScope() as scope:
 
                     async def paced(n: int) -> None:
+                        if free:
+                            await self.free_bucket.take(n)
                         await self.bucket.take(n)
                         scope.deadline = trio.current_time() + e.config.stall_s
 
@@ -120,17 +132,20 @@ class ChunkServer:
             ok = True
             e.stats.bytes_up += len(data)
             e.stats.chunks_up += 1
+            self.standing.note_sent(peer, trio.current_time())
+            if free:
+                e.stats.free_rider_bytes_up += len(data)
         finally:
             offer = policy.offered()
-            policy.finished(req.index, ok=ok, weak=weak)
+            policy.finished(req.index, ok=ok, weak=weak, free=free)
             if policy.offered() is not offer:
                 e.have_changed()
 
     @contextlib.asynccontextmanager
-    async def _slot(self, priority: int) -> AsyncIterator[None]:
+    async def _slot(self, priority: int, peer: str, free: bool) -> AsyncIterator[None]:
         """Hold one of the upload slots, waiting in ``UploadQueue``'s order."""
         ready = trio.Event()
-        self._queue.push(priority, ready)
+        self._queue.push(priority, ready, peer=peer, free=free)
         self._start_ready()
         try:
             await ready.wait()
@@ -166,7 +181,10 @@ class ChunkServer:
         if key not in self._policies:
             n = len(store.manifests[version].chunk_hashes)
             self._policies[key] = UploadPolicy(
-                n, e.config.admitted(e.config.max_upload_mbit, seed=e.is_seed), e.is_seed
+                n,
+                e.config.admitted(e.config.max_upload_mbit, seed=e.is_seed),
+                e.is_seed,
+                max_free_admitted=e.config.free_rider_admitted,
             )
             for old in [k for k in self._policies if e.holding(*k) is None]:
                 del self._policies[old]

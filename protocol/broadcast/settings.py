@@ -62,6 +62,20 @@ class BroadcastConfig:
     # its disk quota, so that a manifest of thousands of chunks (signed by a
     # hostile learner, or a mistake) is refused before anything is written.
     max_version_bytes: int = 0
+    # Reciprocity (protocol.broadcast.reciprocity): a requester that neither
+    # named a chunk in its Have nor sent us one within credit_s is a free
+    # rider once it has had initial_credit_chunks (a newcomer holds nothing
+    # yet: BitTorrent's optimistic unchoke). Free riders together hold
+    # free_rider_admitted uploads (one requester's worth: the requests per
+    # peer of SchedulerConfig) and one upload start per round of the others.
+    initial_credit_chunks: int = 2
+    credit_s: float = 600.0
+    free_rider_admitted: int = 2
+    # Free riders together upload at most this fast (0: only the process's
+    # cap), even when nobody else waits: leechers pulling every version from
+    # an idle uplink cost its CPU and line for nothing (bench/attacks.py
+    # empty_have_leech pulled 8.7 MB/s from 3 nodes and the learner without it).
+    free_rider_mbit: float = 4.0
     # False: take chunks but never announce or serve them (the "star"
     # baseline of bench/broadcast.py, where only the seed uploads).
     relay: bool = True
@@ -95,6 +109,7 @@ class Stats:
     bytes_from: Counter = field(default_factory=Counter)
     chunks_from: Counter = field(default_factory=Counter)
     bytes_up: int = 0
+    free_rider_bytes_up: int = 0  # of bytes_up, sent to free riders (protocol.broadcast.reciprocity)
     chunks_up: int = 0
     banned: list[tuple[str, int]] = field(default_factory=list)  # (peer, version): hash mismatches
     stalls: Counter = field(default_factory=Counter)

@@ -8,7 +8,9 @@ each chunk enters the swarm once before any goes twice, and in the first
 round it serves only peers that can relay (not peers reached through a relay,
 whose uplink is capped). The swarm does the relaying. ``UploadQueue`` orders
 the admitted requests: the requester furthest behind first, or for the seed
-the requester it has sent the fewest chunks.
+the requester it has sent the fewest chunks. Both serve peers that
+redistribute before free riders (``reciprocity``), who share one requester's
+place: a few admitted uploads, and one upload start per round of the others.
 """
 
 from __future__ import annotations
@@ -44,12 +46,18 @@ class UploadPolicy:
     peer to fetch it from (its holders left, or it dropped them), and the
     round that would offer the chunk again may never come (it ends only
     once each chunk has gone out once more, and nobody else may want one).
+
+    Free riders (``reciprocity.Standing``: peers that pass nothing on) are
+    admitted ``max_free_admitted`` at a time, all of them together, so that a
+    crowd of leeching identities takes one requester's place, not the queue.
     """
 
     n_chunks: int
     max_admitted: int
     is_seed: bool
+    max_free_admitted: int = 2
     admitted: int = 0
+    free_admitted: int = 0
     served: list[int] = field(default_factory=list)  # copies of each chunk sent or being sent
     delivered: list[int] = field(default_factory=list)  # copies of each chunk sent in full
 
@@ -91,19 +99,19 @@ class UploadPolicy:
         them."""
         return self._sent_to.get(peer, 0) if self.is_seed else shared
 
-    def allow(self, idx: int, peer: str = "", weak: bool = False) -> str:
+    def allow(self, idx: int, peer: str = "", weak: bool = False, free: bool = False) -> str:
         """May this process serve chunk ``idx`` to ``peer`` now? ``weak``:
-        ``peer`` is reached only through a relay.
+        ``peer`` is reached only through a relay; ``free``: it is a free rider.
 
-        ``ok`` (admit it, then call ``finished`` with the same ``weak``),
-        ``busy`` (queue full; or the seed's first round, a weak requester and
-        another one being served) or ``ask_others``: the seed has pushed this
+        ``ok`` (admit it, then call ``finished`` with the same ``weak`` and
+        ``free``), ``busy`` (queue full; the free riders' places taken; or the
+        seed's first round, a weak requester and another one being served) or ``ask_others``: the seed has pushed this
         chunk in this round already (it no longer offers it; the requester saw
         an older Have) and the swarm relays it. A chunk whose holders left, or
         lie about holding it, comes from the seed when the requester asks for
         it again, or in the next round, when the seed offers it again.
         """
-        if self.admitted >= self.max_admitted:
+        if self.admitted >= self.max_admitted or free and self.free_admitted >= self.max_free_admitted:
             return "busy"
         if self.is_seed and weak and self._round == 0 and self._strong_admitted:
             return "busy"
@@ -115,6 +123,7 @@ class UploadPolicy:
                 return "ask_others"
             self._declined[peer].discard(idx)  # asked again: nobody else could send it
         self.admitted += 1
+        self.free_admitted += free
         self._strong_admitted += not weak
         self.served[idx] += 1
         if self.is_seed:
@@ -125,8 +134,9 @@ class UploadPolicy:
                 self._offered = self._offered - {idx}
         return "ok"
 
-    def finished(self, idx: int, *, ok: bool, weak: bool = False) -> None:
+    def finished(self, idx: int, *, ok: bool, weak: bool = False, free: bool = False) -> None:
         self.admitted -= 1
+        self.free_admitted -= free
         self._strong_admitted -= not weak
         if not ok:
             # The copy did not arrive: it does not count as sent.
@@ -151,27 +161,50 @@ class UploadQueue:
     requester holds; the seed's, how many chunks it sent the requester
     (``UploadPolicy.priority``). Items are whatever the caller uses to start
     an upload; ``pop_ready`` hands out those that may start now.
+
+    Free riders' items wait apart and start only when nobody else waits, or
+    once per round of the others (after as many starts as there are other
+    requesters waiting): together they get one requester's share of the
+    uplink while peers that redistribute wait, and are never starved, so a
+    newcomer among them still gets started.
     """
 
     slots: int
     active: int = 0
     _waiting: list[tuple[int, int, int, Any]] = field(default_factory=list)
+    _free: list[tuple[int, int, int, Any]] = field(default_factory=list)
+    _peers: dict[int, str] = field(default_factory=dict)  # seq -> requester, for items of _waiting
+    _since_free: int = 0  # starts of others since a free rider's last start
     _seq: Iterator[int] = field(default_factory=itertools.count)
 
-    def push(self, priority: int, item: Any) -> None:
+    def push(self, priority: int, item: Any, *, peer: str = "", free: bool = False) -> None:
         seq = next(self._seq)
-        heapq.heappush(self._waiting, (seq + priority, priority, seq, item))
+        heapq.heappush(self._free if free else self._waiting, (seq + priority, priority, seq, item))
+        if not free:
+            self._peers[seq] = peer
 
     def remove(self, item: Any) -> None:
         """``item`` gave up waiting (its request was cancelled)."""
+        gone = [w[2] for w in self._waiting if w[-1] is item]
+        for seq in gone:
+            self._peers.pop(seq, None)
         self._waiting = [w for w in self._waiting if w[-1] is not item]
+        self._free = [w for w in self._free if w[-1] is not item]
         heapq.heapify(self._waiting)
+        heapq.heapify(self._free)
 
     def pop_ready(self) -> list[Any]:
         """Items that may start now; each must end with ``done``."""
         out = []
-        while self._waiting and self.active < self.slots:
-            out.append(heapq.heappop(self._waiting)[-1])
+        while (self._waiting or self._free) and self.active < self.slots:
+            if self._free and (not self._waiting or self._since_free >= len(set(self._peers.values()))):
+                out.append(heapq.heappop(self._free)[-1])
+                self._since_free = 0
+            else:
+                _, _, seq, item = heapq.heappop(self._waiting)
+                self._peers.pop(seq, None)
+                out.append(item)
+                self._since_free += 1
             self.active += 1
         return out
 
@@ -179,7 +212,7 @@ class UploadQueue:
         self.active -= 1
 
     def waiting(self) -> list[Any]:
-        return [w[-1] for w in self._waiting]
+        return [w[-1] for w in self._waiting + self._free]
 
     def __len__(self) -> int:
-        return len(self._waiting)
+        return len(self._waiting) + len(self._free)

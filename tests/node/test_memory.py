@@ -124,7 +124,10 @@ def test_a_node_refuses_a_job_its_memory_cannot_hold(swarm_factory):
     swarm = swarm_factory
     swarm.start_bootstrap()
     swarm.start_learner("--steps", "1000")
-    node = swarm.start_node(0, "--max-memory", "0.5")  # all of it inside the 0.5 GiB kept free
+    # All of it inside the 0.5 GiB kept free. Joined without an invite, the
+    # node looks for a job that fits until its discovery timeout (a job too
+    # big may be a decoy's), then says why it took none.
+    node = swarm.start_node(0, "--max-memory", "0.5", "--discovery-timeout-s", "15")
     assert node.wait(timeout=120) == 2  # the CLI's exit code for a refusal
     log = (swarm.root / "node0.log").read_text()
     assert "the job's model (0M parameters) needs about" in log, log[-2000:]

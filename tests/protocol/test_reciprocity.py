@@ -1,0 +1,198 @@
+"""Uploads favour peers that pass chunks on: a leecher gets no more than its share.
+
+The pure parts (``reciprocity.Standing``, the free riders' place in
+``uploads.UploadQueue``) on their own, then real engines over loopback: a
+relay holding a version, two honest nodes fetching it from it, and a leecher
+that announces an empty Have and pulls every chunk as fast as it can.
+"""
+
+import itertools
+
+import trio
+from libp2p.peer.peerinfo import PeerInfo
+
+from protocol import manifest
+from protocol.broadcast import bitfield
+from protocol.broadcast.engine import BroadcastEngine
+from protocol.broadcast.reciprocity import Standing
+from protocol.broadcast.serving import manifest_digest
+from protocol.broadcast.settings import BroadcastConfig
+from protocol.broadcast.store import VersionStore
+from protocol.broadcast.uploads import UploadPolicy, UploadQueue
+from protocol.identity import Identity
+from protocol.swarm import open_swarm
+from protocol.wire import chunk, have
+from protocol.wire.chunk import ChunkData, ChunkRequest
+from protocol.wire.have import Have
+from tests.protocol.samples import LEARNER
+
+JOB = "reverse-test"
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+CHUNK = 64 * 1024
+N_CHUNKS = 16
+
+
+def empty_have(m) -> Have:
+    return Have(JOB, m.version, manifest_digest(m), bitfield.encode((), len(m.chunk_hashes)))
+
+
+def test_a_peer_that_names_no_chunk_rides_free_after_its_initial_credit():
+    s = Standing(initial_credit_chunks=2, credit_s=60)
+    m, _ = manifest.build(
+        LEARNER, job_id=JOB, version=1, parent_version=0, task="reverse", model_config="{}",
+        tokenizer_digest=b"t" * 32, weights=bytes(4 * CHUNK), chunk_size=CHUNK,
+    )  # fmt: skip
+    s.note_have("newcomer", empty_have(m), now=0)
+    for _ in range(2):
+        assert not s.free_rider("newcomer", 0, neighbour=True, banned=False)  # it must get started
+        s.note_sent("newcomer", 0)
+    assert s.free_rider("newcomer", 0, neighbour=True, banned=False)
+    relay = Have(JOB, 1, manifest_digest(m), bitfield.encode({0}, 4))
+    s.note_have("newcomer", relay, now=1)  # it passes chunks on now
+    assert not s.free_rider("newcomer", 1, neighbour=True, banned=False)
+    s.note_have("newcomer", empty_have(m), now=2)  # a new version: it held chunks until now
+    assert not s.free_rider("newcomer", 61, neighbour=True, banned=False)
+    assert s.free_rider("newcomer", 63, neighbour=True, banned=False)  # credit_s after its last
+    assert s.free_rider("stranger", 0, neighbour=False, banned=False)  # honest peers ask neighbours
+    s.note_served_us("banned", 0)
+    assert s.free_rider("banned", 0, neighbour=True, banned=True)
+
+
+def test_free_riders_share_one_place_in_the_queue_and_are_never_starved():
+    q = UploadQueue(slots=1)
+    for i in range(4):
+        q.push(0, f"leech{i}", peer=f"L{i}", free=True)
+    for item in ("a1", "b1", "a2", "b2"):
+        q.push(5, item, peer=item[0])
+    order = []
+    while len(q):
+        (item,) = q.pop_ready()
+        order.append(item)
+        q.done()
+    # One free rider's start per round of the peers waiting (two, then one), then the rest.
+    assert order == ["a1", "b1", "leech0", "a2", "leech1", "b2", "leech2", "leech3"]
+
+
+def test_free_riders_are_admitted_one_requesters_worth():
+    p = UploadPolicy(n_chunks=8, max_admitted=6, is_seed=False, max_free_admitted=2)
+    assert [p.allow(i, f"L{i}", free=True) for i in range(3)] == ["ok", "ok", "busy"]
+    assert p.allow(3, "honest") == "ok"  # the rest stays free for peers that redistribute
+    p.finished(0, ok=True, free=True)
+    assert p.allow(4, "L9", free=True) == "ok"
+
+
+def version():
+    return manifest.build(
+        LEARNER,
+        job_id=JOB,
+        version=1,
+        parent_version=0,
+        task="reverse",
+        model_config="{}",
+        tokenizer_digest=b"t" * 32,
+        weights=bytes(range(256)) * (N_CHUNKS * CHUNK // 256),
+        chunk_size=CHUNK,
+    )
+
+
+class Tally:
+    """Bytes a leecher received; ``flowing`` is set once it has a few chunks."""
+
+    def __init__(self):
+        self.bytes = 0
+        self.flowing = trio.Event()
+
+    def add(self, n: int) -> None:
+        self.bytes += n
+        if self.bytes >= 4 * CHUNK:
+            self.flowing.set()
+
+
+async def leech(swarm, relay: PeerInfo, m, lanes: int, got: Tally) -> None:
+    """An empty Have to ``relay``, then every chunk of ``m`` over and over on
+    ``lanes`` streams."""
+    await swarm.host.connect(relay)
+    stream = await swarm.host.new_stream(relay.peer_id, [have.PROTOCOL])
+    await have.send(stream, empty_have(m))
+
+    async def drain() -> None:  # yamux resets a stream nobody reads
+        while True:
+            await have.receive(stream)
+
+    async def pull() -> None:
+        lane = await swarm.host.new_stream(relay.peer_id, [chunk.PROTOCOL])
+        for idx in itertools.cycle(range(N_CHUNKS)):
+            reply = await chunk.ask_chunk(lane, ChunkRequest(JOB, m.version, idx, ""))
+            if isinstance(reply, ChunkData):
+                got.add(len(reply.data))
+            else:
+                await trio.sleep(0.02)  # busy: ask again soon (an eager leecher)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(drain)
+        for _ in range(lanes):
+            nursery.start_soon(pull)
+
+
+async def first_chunk(engines, version: int) -> None:
+    """Return once any of ``engines`` holds a chunk of ``version``."""
+    async with trio.open_nursery() as nursery:
+
+        async def watch(engine) -> None:
+            while not engine.store.chunks_held(version):
+                await engine.wait_progress()
+            nursery.cancel_scope.cancel()
+
+        for engine in engines:
+            nursery.start_soon(watch, engine)
+
+
+async def test_a_leecher_with_an_empty_have_gets_no_more_than_its_share(tmp_path):
+    m, chunks = version()
+    relay_store = VersionStore(tmp_path / "relay", learner_id=LEARNER.peer_id_str, keep=2)
+    relay_store.add_manifest(m)
+    for idx, data in enumerate(chunks):
+        relay_store.save_chunk(m, idx, data)
+        relay_store.mark_held(m.version, idx)
+    # 8 Mbit/s: each honest node needs 1 MiB of it, about a second alone.
+    capped = BroadcastConfig(max_upload_mbit=8, discover_interval_s=60)
+    got = Tally()
+    async with (
+        open_swarm(Identity.generate(), LOOPBACK, server=True) as relay_swarm,
+        open_swarm(Identity.generate(), LOOPBACK, server=True) as a,
+        open_swarm(Identity.generate(), LOOPBACK, server=True) as b,
+        open_swarm(Identity.generate(), LOOPBACK, server=True) as leecher,
+        trio.open_nursery() as nursery,
+    ):
+        relay = BroadcastEngine(
+            relay_swarm, relay_store, job_id=JOB, learner_id=LEARNER.peer_id_str, is_seed=False, config=capped
+        )
+        await nursery.start(relay.run)
+        at = PeerInfo(relay_swarm.host.get_id(), relay_swarm.host.get_addrs())
+        nursery.start_soon(leech, leecher, at, m, 6, got)
+        with trio.fail_after(30):
+            await got.flowing.wait()  # the leecher has the uplink to itself, then honest nodes come
+        honest = []
+        for i, swarm in enumerate((a, b)):
+            store = VersionStore(tmp_path / f"honest{i}", learner_id=LEARNER.peer_id_str, keep=2)
+            engine = BroadcastEngine(swarm, store, job_id=JOB, learner_id=LEARNER.peer_id_str, is_seed=False)
+            await nursery.start(engine.run)
+            nursery.start_soon(engine.connect, at)
+            honest.append(engine)
+        with trio.move_on_after(30) as waited:  # from their first chunk: the share while they wait
+            await first_chunk(honest, m.version)
+        assert not waited.cancelled_caught, "no honest node got a chunk in 30 s: the leecher held the uplink"
+        before = got.bytes
+        with trio.move_on_after(30) as waited:
+            for engine in honest:
+                await engine.wait_newer(-1)
+        assert not waited.cancelled_caught, "the honest nodes did not get the version in 30 s"
+        leeched = got.bytes - before
+        nursery.cancel_scope.cancel()
+    me = relay_swarm.host.get_id().to_base58()
+    shares = [e.stats.bytes_from[me] for e in honest]
+    assert shares == [N_CHUNKS * CHUNK] * 2
+    # Free riders take one start per round of the two honest requesters: a
+    # third of the uplink while they wait (a few chunks more between requests).
+    assert leeched <= N_CHUNKS * CHUNK + 4 * CHUNK, (leeched, shares)
+    assert relay.stats.free_rider_bytes_up >= leeched - 2 * CHUNK  # counted as free riding
