@@ -8,8 +8,9 @@ first ``initial_credit_chunks`` chunks, since a newcomer holds nothing yet and
 must get started. Everyone else is a *free rider*: a peer that announces an
 empty Have and downloads everything, a peer that is not our neighbour (honest
 peers only ask neighbours whose Have they read), or one our downloads banned.
-Free riders are served only within a share (``uploads.UploadQueue``,
-``uploads.UploadPolicy``), never before the peers that pass chunks on.
+Free riders are served only within a share: a few at a time
+(``uploads.UploadPolicy``), paced by a bucket of their own and holding no
+upload slot (``serving``), so peers that pass chunks on never wait for them.
 """
 
 from __future__ import annotations

@@ -115,7 +115,9 @@ class ChunkServer:
         try:
             reply = ChunkData(e.job_id, req.version, req.index, data)
             priority = policy.priority(peer, self._shared(store, peer, req.version))
-            async with self._slot(priority, peer, free):
+            # A free rider holds no upload slot: throttled by its own bucket,
+            # it held one for seconds while honest requests waited for it.
+            async with contextlib.nullcontext() if free else self._slot(priority):
                 # A requester that stops reading would hold an upload slot
                 # for ever: each piece must leave within stall_s.
                 with trio.CancelScope() as scope:
@@ -142,10 +144,10 @@ class ChunkServer:
                 e.have_changed()
 
     @contextlib.asynccontextmanager
-    async def _slot(self, priority: int, peer: str, free: bool) -> AsyncIterator[None]:
+    async def _slot(self, priority: int) -> AsyncIterator[None]:
         """Hold one of the upload slots, waiting in ``UploadQueue``'s order."""
         ready = trio.Event()
-        self._queue.push(priority, ready, peer=peer, free=free)
+        self._queue.push(priority, ready)
         self._start_ready()
         try:
             await ready.wait()

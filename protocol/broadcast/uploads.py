@@ -8,9 +8,10 @@ each chunk enters the swarm once before any goes twice, and in the first
 round it serves only peers that can relay (not peers reached through a relay,
 whose uplink is capped). The swarm does the relaying. ``UploadQueue`` orders
 the admitted requests: the requester furthest behind first, or for the seed
-the requester it has sent the fewest chunks. Both serve peers that
-redistribute before free riders (``reciprocity``), who share one requester's
-place: a few admitted uploads, and one upload start per round of the others.
+the requester it has sent the fewest chunks. Free riders (``reciprocity``)
+are admitted a few at a time and never wait for, nor hold, an upload slot:
+they are paced by a bucket of their own, so peers that redistribute never
+wait behind them.
 """
 
 from __future__ import annotations
@@ -113,6 +114,15 @@ class UploadPolicy:
         """
         if self.admitted >= self.max_admitted or free and self.free_admitted >= self.max_free_admitted:
             return "busy"
+        if free:
+            # A copy that will not be passed on: it takes no part in the
+            # seed's rounds. (Counted in, a leecher that asked first for a
+            # fresh chunk made the seed tell every honest peer ``ask_others``
+            # while no honest peer held it: versions stalled.)
+            self.admitted += 1
+            self.free_admitted += 1
+            self._strong_admitted += not weak
+            return "ok"
         if self.is_seed and weak and self._round == 0 and self._strong_admitted:
             return "busy"
         if self.is_seed and self.served[idx] > self._round:
@@ -123,7 +133,6 @@ class UploadPolicy:
                 return "ask_others"
             self._declined[peer].discard(idx)  # asked again: nobody else could send it
         self.admitted += 1
-        self.free_admitted += free
         self._strong_admitted += not weak
         self.served[idx] += 1
         if self.is_seed:
@@ -138,6 +147,8 @@ class UploadPolicy:
         self.admitted -= 1
         self.free_admitted -= free
         self._strong_admitted -= not weak
+        if free:
+            return
         if not ok:
             # The copy did not arrive: it does not count as sent.
             self.served[idx] -= 1
@@ -161,50 +172,27 @@ class UploadQueue:
     requester holds; the seed's, how many chunks it sent the requester
     (``UploadPolicy.priority``). Items are whatever the caller uses to start
     an upload; ``pop_ready`` hands out those that may start now.
-
-    Free riders' items wait apart and start only when nobody else waits, or
-    once per round of the others (after as many starts as there are other
-    requesters waiting): together they get one requester's share of the
-    uplink while peers that redistribute wait, and are never starved, so a
-    newcomer among them still gets started.
     """
 
     slots: int
     active: int = 0
     _waiting: list[tuple[int, int, int, Any]] = field(default_factory=list)
-    _free: list[tuple[int, int, int, Any]] = field(default_factory=list)
-    _peers: dict[int, str] = field(default_factory=dict)  # seq -> requester, for items of _waiting
-    _since_free: int = 0  # starts of others since a free rider's last start
     _seq: Iterator[int] = field(default_factory=itertools.count)
 
-    def push(self, priority: int, item: Any, *, peer: str = "", free: bool = False) -> None:
+    def push(self, priority: int, item: Any) -> None:
         seq = next(self._seq)
-        heapq.heappush(self._free if free else self._waiting, (seq + priority, priority, seq, item))
-        if not free:
-            self._peers[seq] = peer
+        heapq.heappush(self._waiting, (seq + priority, priority, seq, item))
 
     def remove(self, item: Any) -> None:
         """``item`` gave up waiting (its request was cancelled)."""
-        gone = [w[2] for w in self._waiting if w[-1] is item]
-        for seq in gone:
-            self._peers.pop(seq, None)
         self._waiting = [w for w in self._waiting if w[-1] is not item]
-        self._free = [w for w in self._free if w[-1] is not item]
         heapq.heapify(self._waiting)
-        heapq.heapify(self._free)
 
     def pop_ready(self) -> list[Any]:
         """Items that may start now; each must end with ``done``."""
         out = []
-        while (self._waiting or self._free) and self.active < self.slots:
-            if self._free and (not self._waiting or self._since_free >= len(set(self._peers.values()))):
-                out.append(heapq.heappop(self._free)[-1])
-                self._since_free = 0
-            else:
-                _, _, seq, item = heapq.heappop(self._waiting)
-                self._peers.pop(seq, None)
-                out.append(item)
-                self._since_free += 1
+        while self._waiting and self.active < self.slots:
+            out.append(heapq.heappop(self._waiting)[-1])
             self.active += 1
         return out
 
@@ -212,7 +200,7 @@ class UploadQueue:
         self.active -= 1
 
     def waiting(self) -> list[Any]:
-        return [w[-1] for w in self._waiting + self._free]
+        return [w[-1] for w in self._waiting]
 
     def __len__(self) -> int:
-        return len(self._waiting) + len(self._free)
+        return len(self._waiting)
