@@ -12,6 +12,7 @@ and a job that fails is reported with the reason, never taken
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -130,7 +131,7 @@ async def list_jobs(
         job = await read_job(swarm, info, timeout_s, check)
         if count_nodes and job.record is not None:
             announced = await find_providers(swarm, swarm_key(job.record.job_id), timeout_s)
-            job = Job(job.learner, job.addrs, job.record, job.problem, len(set(announced) - {job.learner}))
+            job = dataclasses.replace(job, nodes=len(set(announced) - {job.learner}))
         jobs[job.learner] = job
 
     async with trio.open_nursery() as nursery:
