@@ -71,22 +71,27 @@ def make_node(args: argparse.Namespace, i: int) -> Node:
     return Node(config, load_or_create(config.identity_path))
 
 
-async def ask(node: Node, max_prompts: int = 4) -> None:
-    """One work request, never answered; counts what came back."""
+async def to_learner(node: Node, protocol: str, exchange, timeout_s: float = 30):  # type: ignore[no-untyped-def]
+    """``exchange`` on a new ``protocol`` stream to the learner: its reply, or
+    None (counted as failed) when the stream fails."""
     try:
-        reply = await request(
-            node.swarm.host,
-            node.learner,
-            work.PROTOCOL,
-            lambda stream: work.ask(
-                stream,
-                WorkRequest(node.job_id, max_prompts, -1, "torch", "f32", node.config.name, "public", "cpu", 0, 0.0),
-            ),
-            timeout_s=60,
-        )
+        return await request(node.swarm.host, node.learner, protocol, exchange, timeout_s=timeout_s)
     except RequestFailed:
         count("failed")
         await trio.sleep(1)  # the learner refused the stream (rate limit) or left
+        return None
+
+
+async def work_reply(node: Node, max_prompts: int):  # type: ignore[no-untyped-def]
+    """The learner's answer to one work request (None: the stream failed)."""
+    req = WorkRequest(node.job_id, max_prompts, -1, "torch", "f32", node.config.name, "public", "cpu", 0, 0.0)
+    return await to_learner(node, work.PROTOCOL, lambda stream: work.ask(stream, req), timeout_s=60)
+
+
+async def ask(node: Node, max_prompts: int = 4) -> None:
+    """One work request, never answered; counts what came back."""
+    reply = await work_reply(node, max_prompts)
+    if reply is None:
         return
     if isinstance(reply, WorkAssignment):
         count("prompts", len(reply.prompts))
@@ -290,13 +295,8 @@ def _batch(node: Node, *, job_id: str, version: int, prompt_ids: Sequence[int]) 
 
 
 async def _submit(node: Node, batch: RolloutBatch) -> None:
-    try:
-        reply = await request(
-            node.swarm.host, node.learner, rollout.PROTOCOL, lambda s: rollout.submit(s, batch), timeout_s=30
-        )
-    except RequestFailed:
-        count("failed")
-        await trio.sleep(1)
+    reply = await to_learner(node, rollout.PROTOCOL, lambda s: rollout.submit(s, batch))
+    if reply is None:
         return
     count(f"receipt:{reply.reason}" if isinstance(reply, Receipt) else f"error:{reply.code}")
 
@@ -341,20 +341,7 @@ async def _earn_receipts(node: Node, n: int) -> None:
 
 
 async def _earn_receipt(node: Node) -> None:
-    try:
-        reply = await request(
-            node.swarm.host,
-            node.learner,
-            work.PROTOCOL,
-            lambda stream: work.ask(
-                stream, WorkRequest(node.job_id, 4, -1, "torch", "f32", node.config.name, "public", "cpu", 0, 0.0)
-            ),
-            timeout_s=60,
-        )
-    except RequestFailed:
-        count("failed")
-        await trio.sleep(1)
-        return
+    reply = await work_reply(node, 4)
     if not isinstance(reply, WorkAssignment):
         await trio.sleep(0.5)
         return
@@ -364,13 +351,8 @@ async def _earn_receipt(node: Node) -> None:
 
 async def _page(node: Node) -> None:
     query = ReceiptQuery(node.job_id, 0, receipts.MAX_PER_PAGE)
-    try:
-        page = await request(
-            node.swarm.host, node.learner, receipts.PROTOCOL, lambda s: receipts.ask(s, query), timeout_s=30
-        )
-    except RequestFailed:
-        count("failed")
-        await trio.sleep(1)
+    page = await to_learner(node, receipts.PROTOCOL, lambda s: receipts.ask(s, query))
+    if page is None:
         return
     if isinstance(page, ErrorReply):
         count(f"error:{page.code}")

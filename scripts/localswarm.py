@@ -13,7 +13,8 @@ import select
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,6 +114,16 @@ class LocalSwarm:
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def wait_until(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+        """Poll ``predicate`` (files other processes write: there is no event to
+        await) until it holds; fails if a process exits or ``timeout_s`` passes."""
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            for name, proc in self.procs.items():
+                assert proc.poll() is None, f"{name} exited: " + (self.root / f"{name}.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.5)
 
     def stop(self, name: str, grace_s: float = 30) -> int:
         """SIGINT, then SIGKILL after ``grace_s``; returns the exit code."""

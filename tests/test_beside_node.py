@@ -15,26 +15,17 @@ def node_status(swarm) -> dict:
         return {}
 
 
-def wait_for(predicate, timeout_s: float, what: str, swarm) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        for name, proc in swarm.procs.items():
-            assert proc.poll() is None, f"{name} exited: " + (swarm.root / f"{name}.log").read_text()[-2000:]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)  # polling a file the node rewrites every 2 s
-
-
 def test_doctor_and_credits_beside_a_running_node_do_not_disturb_it(swarm_factory):
     swarm = swarm_factory
     swarm.start_bootstrap()
     swarm.start_learner("--mode", "async", "--steps", "100000")
     swarm.start_node(0, "-v")  # a failed request is logged at info
-    wait_for(lambda: node_status(swarm).get("batches_accepted", 0) >= 5, 180, "the node's first batches", swarm)
+    swarm.wait_until(lambda: node_status(swarm).get("batches_accepted", 0) >= 5, 180, "the node's first batches")
     # The condition under test, not a synchronisation: py-libp2p never
     # closes a connection in its first 20 s (its grace period), so the
     # node's connection to the learner must be older than that.
     working_since = time.monotonic()
-    wait_for(lambda: time.monotonic() - working_since > 25, 60, "the node's connection to age", swarm)
+    swarm.wait_until(lambda: time.monotonic() - working_since > 25, 60, "the node's connection to age")
 
     done = swarm.run(
         "node0",
@@ -77,7 +68,7 @@ def test_doctor_and_credits_beside_a_running_node_do_not_disturb_it(swarm_factor
     # id made the learner close the node's own, at once, and the node lost
     # a request or two. Twenty more accepted batches span that.
     after = node_status(swarm)["batches_accepted"]
-    wait_for(lambda: node_status(swarm).get("batches_accepted", 0) >= after + 20, 120, "more accepted batches", swarm)
+    swarm.wait_until(lambda: node_status(swarm).get("batches_accepted", 0) >= after + 20, 120, "more accepted batches")
     log = (swarm.root / "node0.log").read_text()
     for trouble in ("request to the learner failed", "lost the learner", "not delivered"):
         assert trouble not in log, log[-3000:]

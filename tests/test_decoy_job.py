@@ -39,15 +39,6 @@ def start_decoy(swarm) -> str:
     raise AssertionError("the decoy did not announce within 60 s")
 
 
-def wait_for(predicate, timeout_s: float, what: str, swarm) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        for name, proc in swarm.procs.items():
-            assert proc.poll() is None, f"{name} exited: " + (swarm.root / f"{name}.log").read_text()[-2000:]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)  # polling files other processes write: there is no event to await
-
-
 def accepted(swarm) -> int:
     try:
         return status.read(swarm.root / "node0" / "status.json").get("batches_accepted", 0)
@@ -62,11 +53,11 @@ def test_a_decoy_job_announced_first_stops_no_volunteer(swarm_factory):
     # Only the decoy is listed while the node looks: the old node took it and exited.
     swarm.start_node(0, "--discovery-timeout-s", "600")
     log = swarm.root / "node0.log"
-    wait_for(
-        lambda: "skipping a job that fails its checks" in log.read_text(), 120, "the node to skip the decoy", swarm
+    swarm.wait_until(
+        lambda: "skipping a job that fails its checks" in log.read_text(), 120, "the node to skip the decoy"
     )
     swarm.start_learner("--mode", "async", "--steps", "100000")
-    wait_for(lambda: accepted(swarm) >= 2, 300, "the node's batches accepted", swarm)
+    swarm.wait_until(lambda: accepted(swarm) >= 2, 300, "the node's batches accepted")
     learner = load_or_create(swarm.root / "learner" / "identity.key").peer_id_str
     assert f"(learner {learner})" in log.read_text()
 
