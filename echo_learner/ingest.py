@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 # The longest a busy learner tells a node to wait before asking again.
 MAX_RETRY_S = 60.0
+BANNED_WHY = "too many strikes (refused batches, prompts left unanswered); try again later"
 
 
 def now_ms() -> int:
@@ -131,6 +132,8 @@ class Ingest:
 
     async def _work(self, peer: str, via: str, req: WorkRequest) -> work.Reply:
         self.peers.on_work_request(peer, req, via)
+        if self.peers.banned(peer):  # first: told so, it is then disconnected (service.py)
+            return ErrorReply(work.BANNED, BANNED_WHY)
         if req.job_id != self.job_id:
             return ErrorReply(UNKNOWN_JOB, f"this learner runs {self.job_id}")
         if self.lag.lag_s * 1000 > self.config.busy_lag_ms:
@@ -185,9 +188,7 @@ class Ingest:
         with trio.move_on_after(self.config.long_poll_s):
             while True:
                 if self.peers.banned(peer):  # checked again after each wait: bans come mid-wait
-                    return ErrorReply(
-                        work.BANNED, "too many strikes (refused batches, prompts left unanswered); try again later"
-                    )
+                    return ErrorReply(work.BANNED, BANNED_WHY)
                 version = self.current_version()
                 held = self.pool.held()  # prompts each peer holds unanswered
                 oldest, in_window_s = self._version_for(peer, req, held[peer])

@@ -186,8 +186,12 @@ class PeerBook:
             stats.lapses.clear()
 
     def banned(self, peer: str) -> bool:
+        return self.ban_ends(peer) > time.time()
+
+    def ban_ends(self, peer: str) -> float:
+        """When ``peer``'s ban ends (in the past, or 0.0, when it is not banned)."""
         stats = self.peers.get(peer)
-        return stats is not None and stats.banned_until > time.time()
+        return 0.0 if stats is None else stats.banned_until
 
     def active(self, within_s: float) -> list[PeerStats]:
         cutoff = time.time() - within_s

@@ -54,6 +54,7 @@ from protocol.broadcast import bitfield
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
 from protocol.broadcast.serving import manifest_digest
 from protocol.broadcast.store import VersionStore
+from protocol.conngate import PeerBans
 from protocol.files import write_atomic
 from protocol.host import full_addrs, keep_connection, release_connection
 from protocol.identity import Identity
@@ -61,7 +62,7 @@ from protocol.lan import discover_lan
 from protocol.logs import event
 from protocol.messages import MAX_PROMPT_TOKENS, ErrorReply, Manifest
 from protocol.progress import progress
-from protocol.rpc import remote_peer, serve
+from protocol.rpc import Handler, remote_peer, serve
 from protocol.runtime import task_count
 from protocol.swarm import Swarm, connect_bootstrap, open_swarm
 from protocol.wire import receipts, rollout, work
@@ -70,6 +71,7 @@ from protocol.wire.have import Have
 log = logging.getLogger(__name__)
 
 HISTORY_STEPS = 5000  # step records kept in memory for the status API
+TOLD_GRACE_S = 2.0  # how long a banned peer has to read its "banned" answer before it is disconnected
 
 
 class StartError(RuntimeError):
@@ -165,6 +167,7 @@ class Learner:
             ban_s=config.ban_s,
             max_peers=config.max_peers_tracked,
         )
+        self.bans = PeerBans(max_peers=config.max_peers_tracked)
         self.metrics = LearnerMetrics(self.status)
         self.meter = CapacityMeter(config.capacity_window_s, self.metrics.timings)
         self.version = -1
@@ -220,6 +223,33 @@ class Learner:
         keep_connection(self.swarm.host, stream.muxed_conn.peer_id)
         await self.ingest.handle_work(stream)
 
+    def _shutting_out_banned(self, handler: Handler, nursery: trio.Nursery) -> Handler:
+        """``handler``, after which a peer that was banned when it asked (and
+        was told so) is disconnected and its connections are refused until its
+        ban ends (``PeerBans``): each of its requests would otherwise still
+        cost a stream negotiation and a task."""
+
+        async def handle(stream: INetStream) -> None:
+            peer = remote_peer(stream)
+            was_banned = self.peers.banned(peer)
+            await handler(stream)
+            if not was_banned:
+                return
+            peer_id = stream.muxed_conn.peer_id
+            self.bans.ban(peer_id, self.peers.ban_ends(peer))
+            # Closing the connection drops what the peer has not read yet: let
+            # it read its answer and close its side first (or give up waiting).
+            with trio.move_on_after(TOLD_GRACE_S):
+                try:
+                    while await stream.read(1):
+                        pass
+                except Exception:
+                    pass  # it reset the stream: it has done with it
+            # From the nursery: closing the connection ends this stream's task.
+            nursery.start_soon(self.swarm.host.get_network().close_peer, peer_id)  # type: ignore[union-attr]
+
+        return handle
+
     async def _handle_receipts(self, stream: INetStream) -> None:
         peer = remote_peer(stream)
 
@@ -246,6 +276,7 @@ class Learner:
                 trio.open_nursery() as nursery,
             ):
                 self.swarm = swarm
+                self.bans.install(swarm.host)
                 self.directory = JobDirectory(swarm, self.me)
                 if cfg.mdns:
                     await nursery.start(discover_lan, swarm, cfg.bootstrap_timeout_s)
@@ -261,7 +292,8 @@ class Learner:
                     (rollout.PROTOCOL, self.ingest.handle_rollouts),
                     (receipts.PROTOCOL, self._handle_receipts),
                 ):
-                    host.set_stream_handler(protocol, serve(protocol, handler, cfg.request_timeout_s))
+                    shut_out = self._shutting_out_banned(handler, nursery)
+                    host.set_stream_handler(protocol, serve(protocol, shut_out, cfg.request_timeout_s))
                 # The learner seeds each version into the swarm's broadcast.
                 weights_dir = cfg.data_dir / "weights" / self.job_id
                 store = VersionStore(weights_dir, learner_id=self.me, keep=cfg.keep_versions)
@@ -577,6 +609,7 @@ class Learner:
             "refusals": self.ledger.refusal_counts(),
             "contributors": len(self.ingest.contributors),
             "peers": len(self.peers.active(within_s=cfg.capacity_window_s)),
+            "banned_connections_refused": self.bans.refused,
             "utilization": round(self.meter.utilization(), 4),
             "measurements": inputs,
             "capacity": {**self.pacing.outlook(inputs).to_json(), **self.pacing.forecast_check()},

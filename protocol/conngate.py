@@ -1,6 +1,6 @@
-"""Which inbound connections a host admits, and until when it counts them.
+"""Which connections a host admits, and until when it counts them.
 
-Two things py-libp2p 0.8's swarm does not do:
+Three things py-libp2p 0.8's swarm does not do:
 
 - **Free a closed connection's inbound slot.** ``Swarm._handle_inbound_connection``
   takes one of ``max_connections - min_connections`` slots and, after the
@@ -15,19 +15,28 @@ Two things py-libp2p 0.8's swarm does not do:
   manager does. A few households behind one carrier-grade NAT fit; one
   address cannot fill the host. Loopback is exempt: a local swarm is all one
   address.
+- **Refuse a banned peer** (``PeerBans``), inbound or outbound, as soon as
+  the Noise handshake has named it and before it can open a stream, as
+  go-libp2p's connection gater does. py-libp2p has only a negative cache
+  for its own failed dials. A peer refused by a learner's every handler
+  still costs it a stream negotiation and a task per request; closed out,
+  it costs a handshake per dial.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
-from collections import Counter
+import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import trio
 from libp2p.abc import IHost
 from libp2p.io.abc import ReadWriteCloser
+from libp2p.network.exceptions import SwarmException
+from libp2p.peer.id import ID
 
 from protocol.logs import event
 
@@ -130,3 +139,44 @@ class InboundGate:
                         del self.open[key]
 
         swarm._handle_inbound_connection = admit
+
+
+class PeerBans:
+    """Peers whose connections a host closes as soon as Noise names them, each
+    until a time. Bounded: past ``max_peers`` the oldest ban is dropped."""
+
+    def __init__(self, max_peers: int):
+        self.max_peers = max_peers
+        self._until: OrderedDict[ID, float] = OrderedDict()  # oldest ban first
+        self.refused = 0
+
+    def ban(self, peer: ID, until: float) -> None:
+        self._until.pop(peer, None)
+        self._until[peer] = until
+        while len(self._until) > self.max_peers:
+            self._until.popitem(last=False)
+
+    def banned(self, peer: ID) -> bool:
+        until = self._until.get(peer)
+        if until is not None and until <= time.time():
+            del self._until[peer]
+            until = None
+        return until is not None
+
+    def install(self, host: IHost) -> None:
+        swarm: Any = host.get_network()
+        add_conn = swarm.add_conn  # every connection passes here once secured and muxed
+
+        async def admit(muxed_conn: Any, direction: str = "unknown") -> Any:
+            peer = muxed_conn.peer_id
+            if self.banned(peer):
+                self.refused += 1
+                event(log, logging.DEBUG, "refused a banned peer's connection", peer=peer, direction=direction)
+                try:
+                    await muxed_conn.close()
+                except Exception:
+                    pass  # it may have hung up already
+                raise SwarmException(f"{peer} is banned")
+            return await add_conn(muxed_conn, direction)
+
+        swarm.add_conn = admit

@@ -1,5 +1,8 @@
-"""Inbound connections: a closed one gives its slot back, one address holds a
-bounded number, over real Noise hosts on loopback."""
+"""Connections: a closed one gives its slot back, one address holds a bounded
+number, a banned peer is refused both ways until its ban ends, over real
+Noise hosts on loopback."""
+
+import time
 
 import pytest
 import trio
@@ -7,7 +10,7 @@ from libp2p.network.config import ConnectionConfig
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from protocol import framing
-from protocol.conngate import InboundGate, address_key
+from protocol.conngate import InboundGate, PeerBans, address_key
 from protocol.host import full_addrs, make_host, parse_multiaddr
 from protocol.identity import Identity
 from protocol.messages import ErrorReply
@@ -15,8 +18,8 @@ from protocol.messages import ErrorReply
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
 
-def serving(message: str, **host_options):
-    server = make_host(Identity.generate(), [LOOPBACK], **host_options)
+def serving(message: str, identity: Identity | None = None, **host_options):
+    server = make_host(identity or Identity.generate(), [LOOPBACK], **host_options)
 
     async def handler(stream):
         await framing.send(stream, ErrorReply("hello", message))
@@ -26,9 +29,9 @@ def serving(message: str, **host_options):
     return server
 
 
-async def ask(target) -> str:
+async def ask(target, identity: Identity | None = None) -> str:
     """A fresh peer connects, reads one answer and hangs up."""
-    client = make_host(Identity.generate(), [])
+    client = make_host(identity or Identity.generate(), [])
     async with client.run([]):
         with trio.fail_after(10):
             await client.connect(target)
@@ -92,3 +95,39 @@ def test_addresses_count_per_ipv4_and_per_ipv6_56_and_loopback_is_exempt():
     assert address_key("127.0.0.1") is None and address_key("::1") is None
     assert address_key("127.0.0.1", exempt_loopback=False) == "127.0.0.1"
     assert address_key("not an address") is None
+
+
+async def test_a_banned_peer_is_refused_both_ways_until_its_ban_ends():
+    bans = PeerBans(max_peers=16)
+    server = serving("served")
+    bans.install(server)
+    banned, other = Identity.generate(), Identity.generate()
+    async with server.run([parse_multiaddr(LOOPBACK)]):
+        target = info_from_p2p_addr(parse_multiaddr(full_addrs(server)[0]))
+        assert await ask(target, banned) == "served"
+
+        bans.ban(banned.peer_id, time.time() + 60)
+        with pytest.raises(Exception):
+            await ask(target, banned)  # refused once Noise names it: no stream opens
+        assert bans.refused == 1
+        assert await ask(target, other) == "served"  # nobody else is
+
+        # Outbound too: the server dialling the banned peer keeps no connection.
+        listener = serving("served by the banned peer", banned)
+        async with listener.run([parse_multiaddr(LOOPBACK)]):
+            peer = info_from_p2p_addr(parse_multiaddr(full_addrs(listener)[0]))
+            with pytest.raises(Exception), trio.fail_after(10):
+                await server.connect(peer)  # py-libp2p retries a failed dial: one refusal each
+                await server.new_stream(peer.peer_id, ["/test/1"])
+            assert bans.refused > 1
+
+        bans.ban(banned.peer_id, time.time() - 1)  # the ban has ended
+        assert await ask(target, banned) == "served"
+
+
+def test_bans_are_bounded_oldest_first():
+    bans = PeerBans(max_peers=2)
+    peers = [Identity.generate().peer_id for _ in range(3)]
+    for peer in peers:
+        bans.ban(peer, time.time() + 60)
+    assert [bans.banned(p) for p in peers] == [False, True, True]
