@@ -84,7 +84,7 @@ def wrong_job(node, batch, work):
 DISCONNECTED = "disconnected"
 
 
-def told(reply) -> str:
+def heard(reply) -> str:
     return reply if reply == DISCONNECTED else reply.reason if isinstance(reply, Receipt) else reply.code
 
 
@@ -197,7 +197,7 @@ async def test_dishonest_nodes_are_refused_and_honest_ones_are_not(swarm_factory
     learner_ids = set()
     for name, adv in adversaries.items():
         expected = ATTACKS[name][1]
-        got = [told(r) for r in adv.replies]
+        got = [heard(r) for r in adv.replies]
         assert as_expected(got, expected), (name, got)
         for r in adv.replies:
             if isinstance(r, Receipt):
