@@ -13,6 +13,8 @@ nothing) shows what the attacker's presence alone costs on this machine.
 
 Also checked per scenario: no honest process died, and every receipt an
 honest node holds has its row in the learner's ledger (``ledger_consistent``).
+``honest_cpu_ms_per_batch`` (the honest processes' CPU over their accepted
+batches) tells an attack's cost apart from a scenario this machine ran slowly.
 
     python bench/attacks.py --json            # ~25 minutes on 2 cores
     python bench/attacks.py --only work_flood # one attack (and the baselines)
@@ -286,6 +288,14 @@ def scenario(name: str, args: argparse.Namespace, root: Path) -> dict:
         "clean_exit": all(c == 0 for c in codes.values()),
         "ledger_consistent": ledger_consistent(swarm, ledger),
         "cpu_cores": cpu,
+        # What each accepted honest batch cost the honest processes: it moves
+        # with an attack's cost, not with how much CPU this machine gave the
+        # swarm (a scenario whose whole swarm ran at half speed kept it).
+        "honest_cpu_ms_per_batch": (
+            round(1000 * sum(c for n, c in cpu.items() if n != "attacker") / (accepted / args.window_s))
+            if accepted
+            else None
+        ),
         **({"attacker": reports[-1]} if reports else {}),
         # relay_exhaustion: a peer connected long enough to be known got a
         # reservation at every try during the attack (see bench/attacker.py).
