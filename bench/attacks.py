@@ -6,17 +6,23 @@ accepted, starts one attack (bench/attacker.py, its own process under
 SCHED_IDLE and capped at ``--attacker-cores`` by a cgroup: a real attacker
 burns its own machine's CPU, not ours; see ``cpu_cap``), and counts the
 honest nodes' accepted batches in the learner's ledger over ``--window-s``
-seconds. The baseline is the same swarm with no attacker, run first and last
-in the same invocation; ``honest_retained`` is an attack's rate over the
-baselines' mean. A control scenario (eight peers that join and ask for
-nothing) shows what the attacker's presence alone costs on this machine.
+seconds. The baseline is the same swarm with no attacker, run first and again
+after every two scenarios: this machine's speed drifts over minutes, so
+``honest_retained`` is an attack's rate over the mean of the two baselines
+beside it. An attack that misses runs once more between two fresh
+baselines, and that try decides (both are reported; ``--no-confirm`` skips
+it). A control scenario (eight peers that join and ask for nothing) shows
+what the attacker's presence alone costs on this machine.
 
 Also checked per scenario: no honest process died, and every receipt an
 honest node holds has its row in the learner's ledger (``ledger_consistent``).
 ``honest_cpu_ms_per_batch`` (the honest processes' CPU over their accepted
-batches) tells an attack's cost apart from a scenario this machine ran slowly.
+batches) tells an attack's cost apart from a scenario this machine ran slowly;
+``machine`` (where the machine's CPU time went: busy, disk wait, taken by the
+host) and ``learner`` (its event loop's lateness, steps and refusals, read
+from its status API each second) say why a scenario ran slowly.
 
-    python bench/attacks.py --json            # ~25 minutes on 2 cores
+    python bench/attacks.py --json            # ~25 minutes on 2 cores (more per confirmed miss)
     python bench/attacks.py --only work_flood # one attack (and the baselines)
 
 Targets (issues 14 and 40): ``honest_retained >= 0.8`` for every attack,
@@ -33,7 +39,9 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,6 +103,7 @@ BOOTSTRAP_ENV = {
 # Attacks that start before the honest nodes join (they must get in through it).
 BEFORE_JOIN = {"idle_sockets", "decoy_jobs"}
 TARGET = {"api_pollers": 0.9}
+BASELINE_EVERY = 2  # scenarios between two baselines
 
 
 def accepted_since(ledger: Path, peers: set[str], since_ms: int, until_ms: int) -> int:
@@ -171,6 +180,67 @@ def cpu_s(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_times() -> list[int]:
+    """The machine's CPU time so far, in ticks: user, nice, system, idle, iowait, irq, softirq, steal."""
+    return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+
+
+def machine_shares(before: list[int], after: list[int]) -> dict:
+    """Where the machine's CPU time went between two ``machine_times``: busy,
+    waiting on the disk, and taken by the host (steal), as shares of the whole."""
+    d = [a - b for a, b in zip(after, before)]
+    total = sum(d) or 1
+    return {
+        "busy": round((d[0] + d[1] + d[2] + d[5] + d[6]) / total, 3),
+        "iowait": round(d[4] / total, 3),
+        "steal": round(d[7] / total, 3),
+    }
+
+
+class StatusSampler:
+    """The learner's ``/api/status`` read once a second in a thread during the
+    window: how late its event loop ran (past ``--busy-lag-ms`` new work
+    requests hear 'busy') and how many steps it made."""
+
+    def __init__(self, api_port: int):
+        self.url = f"http://127.0.0.1:{api_port}/api/status"
+        self.lags: list[float] = []
+        self.first: dict | None = None
+        self.last: dict | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(1.0):
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as reply:
+                    status = json.loads(reply.read())
+            except (OSError, ValueError):
+                continue
+            self.first = self.first or status
+            self.last = status
+            self.lags.append(status["load"]["loop_lag_ms"])
+
+    def __enter__(self) -> StatusSampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def summary(self) -> dict:
+        if not self.lags or self.first is None or self.last is None:
+            return {}
+        return {
+            "loop_lag_ms_mean": round(sum(self.lags) / len(self.lags), 1),
+            "loop_lag_ms_max": max(self.lags),
+            "steps": self.last["step"] - self.first["step"],
+            "versions": self.last["version"] - self.first["version"],
+            "batches_refused": self.last["batches_refused"] - self.first["batches_refused"],
+        }
 
 
 def wait_for(what: str, done, timeout_s: float, swarm: LocalSwarm) -> None:
@@ -262,9 +332,12 @@ def scenario(name: str, args: argparse.Namespace, root: Path) -> dict:
             time.sleep(args.settle_s)  # let the attack take hold: it is measured, not awaited
             pids = {n: p.pid for n, p in swarm.procs.items()} | ({"attacker": attacker.pid} if attacker else {})
             cpu_before = {n: cpu_s(pid) for n, pid in pids.items()}
+            machine_before = machine_times()
             start_ms = int(time.time() * 1000)
-            time.sleep(args.window_s)
+            with StatusSampler(api_port) as sampler:
+                time.sleep(args.window_s)
             end_ms = int(time.time() * 1000)
+            machine = machine_shares(machine_before, machine_times())
             # Where the machine's CPU went during the window (cores busy, per process).
             cpu = {n: round((cpu_s(pid) - cpu_before[n]) / args.window_s, 2) for n, pid in pids.items()}
             accepted = accepted_since(ledger, honest, start_ms, end_ms)
@@ -288,6 +361,8 @@ def scenario(name: str, args: argparse.Namespace, root: Path) -> dict:
         "clean_exit": all(c == 0 for c in codes.values()),
         "ledger_consistent": ledger_consistent(swarm, ledger),
         "cpu_cores": cpu,
+        "machine": machine,
+        "learner": sampler.summary(),
         # What each accepted honest batch cost the honest processes: it moves
         # with an attack's cost, not with how much CPU this machine gave the
         # swarm (a scenario whose whole swarm ran at half speed kept it).
@@ -322,6 +397,12 @@ def main() -> None:
     parser.add_argument("--join-timeout-s", type=float, default=180.0)
     parser.add_argument("--keep", action="store_true", help="keep the run's logs (printed path)")
     parser.add_argument(
+        "--no-confirm",
+        dest="confirm",
+        action="store_false",
+        help="do not run a missed attack a second time between fresh baselines",
+    )
+    parser.add_argument(
         "--attacker-cores",
         type=float,
         default=0.1,
@@ -332,36 +413,66 @@ def main() -> None:
 
     root = Path(tempfile.mkdtemp(prefix="echo-attacks-"))
     names = args.only or [n for n in ATTACKS if n != CONTROL]
-    baselines = []
-    attacks: dict[str, dict] = {}
+    timeline: list[tuple[str, dict]] = []  # every scenario run, in order
     started = time.monotonic()
 
     def run(name: str) -> dict:
         if not args.json:
             print(f"{name} ...", file=sys.stderr, flush=True)
-        result = scenario(name, args, root / f"{name}-{len(baselines)}-{len(attacks)}")
+        result = scenario(name, args, root / f"{len(timeline):02d}-{name}")
         if not args.json:
             print(f"  {json.dumps(result)}", file=sys.stderr, flush=True)
+        timeline.append((name, result))
         return result
 
-    baselines.append(run("baseline"))
-    control = run(CONTROL)
-    for name in names:
-        attacks[name] = run(name)
-    baselines.append(run("baseline"))
-    base_rate = sum(b["rate_per_s"] for b in baselines) / len(baselines)
-    for result in (control, *attacks.values()):
-        result["honest_retained"] = round(result["rate_per_s"] / base_rate, 3) if base_rate else 0.0
-    for name, result in attacks.items():
+    def judged(name: str, result: dict, before: dict, after: dict) -> dict:
+        """``result`` against the baselines run just before and just after it."""
+        reference = (before["rate_per_s"] + after["rate_per_s"]) / 2
+        result["baseline_rate_per_s"] = round(reference, 3)
+        result["honest_retained"] = round(result["rate_per_s"] / reference, 3) if reference else 0.0
+        if name == CONTROL:
+            return result
         result["target"] = TARGET.get(name, 0.8)
         # An attack that got no answer at all did not take hold: not a pass.
         result["engaged"] = bool(result.get("attacker"))
-        result["met"] = result["honest_retained"] >= result["target"] and result["honest_alive"] and result["engaged"]
-        result["met"] = result["met"] and result.get("honest_reserved", True)
+        result["met"] = (
+            result["honest_retained"] >= result["target"]
+            and result["honest_alive"]
+            and result["engaged"]
+            and result.get("honest_reserved", True)
+        )
+        return result
+
+    # This machine's speed drifts by minutes (baselines of one run 3.6 and
+    # 6.05 batches/s; a run where the whole honest swarm ran at half its CPU
+    # for three scenarios in a row, the attacker idle): each attack is judged
+    # against the baselines beside it, one after every BASELINE_EVERY.
+    run("baseline")
+    pending = [CONTROL, *names]
+    while pending:
+        group, pending = pending[:BASELINE_EVERY], pending[BASELINE_EVERY:]
+        before = timeline[-1][1]
+        results = [(name, run(name)) for name in group]
+        after = run("baseline")
+        for name, result in results:
+            judged(name, result, before, after)
+    control = next(r for n, r in timeline if n == CONTROL)
+    attacks = {n: r for n, r in timeline if n in names}
+    # A miss is confirmed or not by a second try between two fresh baselines
+    # (the last scenario run is one); it decides, and both tries are kept.
+    for name in [n for n, r in attacks.items() if not r["met"] and args.confirm]:
+        before = timeline[-1][1]
+        retry = run(name)
+        judged(name, retry, before, run("baseline"))
+        attacks[name] = {**retry, "tries": [attacks[name], retry]}
+    baselines = [r for n, r in timeline if n == "baseline"]
+    base_rate = sum(b["rate_per_s"] for b in baselines) / len(baselines)
     out = {
         "honest_nodes": HONEST,
         "window_s": args.window_s,
         "attacker_cores_cap": args.attacker_cores if args.cap_group is not None else None,
+        # Every baseline, in the order run; each attack names its own
+        # reference (``baseline_rate_per_s``: the two beside it).
         "baseline": {"rate_per_s": round(base_rate, 3), "runs": baselines},
         # Not an attack: peers that join and ask for nothing, run like one.
         # What they cost is what the attacker process's mere presence costs here.
