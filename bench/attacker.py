@@ -38,13 +38,13 @@ from echo_node.node import Node  # noqa: E402
 from protocol import codec, manifest  # noqa: E402
 from protocol.broadcast.engine import PEER_ERRORS, BroadcastConfig, BroadcastEngine  # noqa: E402
 from protocol.broadcast.store import VersionStore  # noqa: E402
-from protocol.host import make_host, parse_peer_addr  # noqa: E402
 from protocol.identity import Identity, load_or_create  # noqa: E402
 from protocol.ids import JOB_DIRECTORY_KEY, manifest_keys  # noqa: E402
 from protocol.messages import UNSIGNED, ErrorReply  # noqa: E402
-from protocol.relay_server import reserve_once  # noqa: E402
+from protocol.net.host import make_host, parse_peer_addr  # noqa: E402
+from protocol.net.relay_server import reserve_once  # noqa: E402
+from protocol.net.swarm import announce, connect_bootstrap, open_swarm  # noqa: E402
 from protocol.rpc import RequestFailed, request  # noqa: E402
-from protocol.swarm import announce, connect_bootstrap, open_swarm  # noqa: E402
 from protocol.wire import chunk, receipts, rollout, work  # noqa: E402
 from protocol.wire.chunk import ChunkData, ChunkRequest  # noqa: E402
 from protocol.wire.receipts import ReceiptQuery  # noqa: E402
@@ -84,7 +84,18 @@ async def to_learner(node: Node, protocol: str, exchange, timeout_s: float = 30)
 
 async def work_reply(node: Node, max_prompts: int):  # type: ignore[no-untyped-def]
     """The learner's answer to one work request (None: the stream failed)."""
-    req = WorkRequest(node.job_id, max_prompts, -1, "torch", "f32", node.config.name, "public", "cpu", 0, 0.0)
+    req = WorkRequest(
+        job_id=node.job_id,
+        max_prompts=max_prompts,
+        held_version=-1,
+        backend="torch",
+        dtype="f32",
+        name=node.config.name,
+        reachability="public",
+        device="cpu",
+        memory_mib=0,
+        tokens_per_s=0.0,
+    )
     return await to_learner(node, work.PROTOCOL, lambda stream: work.ask(stream, req), timeout_s=60)
 
 

@@ -63,7 +63,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from protocol import logs
+    from protocol.process import logs
 
     logs.setup(os.environ.get("BENCH_VERBOSE") == "1")
 
@@ -72,13 +72,13 @@ def main() -> None:
     from libp2p.peer.id import ID
 
     from protocol import manifest as manifests
-    from protocol import updates
     from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
     from protocol.broadcast.store import VersionStore
-    from protocol.dial import current_route
     from protocol.identity import load_or_create
-    from protocol.runtime import run_until_signal
-    from protocol.swarm import connect_bootstrap, open_swarm
+    from protocol.models import updates
+    from protocol.net.dial import current_route
+    from protocol.net.swarm import connect_bootstrap, open_swarm
+    from protocol.process.runtime import run_until_signal
     from protocol.wire.chunk import ChunkRequest
 
     identity = load_or_create(args.data_dir / "identity.key")

@@ -56,7 +56,7 @@ def grpo_versions(store, identity, args) -> dict:
     from echo_learner.logprobs import completion_logprobs
     from echo_learner.lora import LoraSettings, state_bytes, wrap
     from echo_learner.model import config_json, load_model, render_prompt, stop_ids, tokenizer_digest
-    from echo_learner.publishing import Publisher
+    from echo_learner.publishing import JobManifestFields, Publisher
     from echo_learner.tasks.registry import load_task
     from echo_learner.trainer import Objective, ScoredGroup, Trainer
 
@@ -68,11 +68,13 @@ def grpo_versions(store, identity, args) -> dict:
     def publisher(model, tok, lora=None, frozen=None):
         return Publisher(
             identity,
-            job_id="bench-delta",
-            task=TASK,
-            model_config=config_json(model),
-            tokenizer_digest=tokenizer_digest(tok),
-            chunk_size=args.chunk_kib * 1024,
+            JobManifestFields(
+                job_id="bench-delta",
+                task=TASK,
+                model_config=config_json(model),
+                tokenizer_digest=tokenizer_digest(tok),
+                chunk_size=args.chunk_kib * 1024,
+            ),
             max_update_ratio=1.0,
             lora=lora,
             frozen_base=frozen,

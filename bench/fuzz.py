@@ -47,7 +47,7 @@ from protocol.broadcast import bitfield  # noqa: E402
 from protocol.errors import ProtocolError  # noqa: E402
 from protocol.ids import DHT_NAMESPACE  # noqa: E402
 from protocol.kinds import EVERY_KIND  # noqa: E402
-from protocol.records import InvalidRecord, decode_record  # noqa: E402
+from protocol.net.records import InvalidRecord, decode_record  # noqa: E402
 from tests.protocol.samples import LEARNER, all_messages  # noqa: E402
 from tests.protocol.test_framing import pair  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""bench/fuzz.py's targets for what a learner's updates hold (``protocol.updates``):
+"""bench/fuzz.py's targets for what a learner's updates hold (``protocol.models.updates``):
 delta frames, adapter files and adapter headers.
 
 The learner signs these, so their attacker is a learner key the node trusts
@@ -17,8 +17,8 @@ import zstandard
 from hypothesis import strategies as st
 from safetensors.numpy import save
 
-from protocol import updates
-from protocol.update_limits import UpdateLimits
+from protocol.models import updates
+from protocol.models.update_limits import UpdateLimits
 
 LIMITS = UpdateLimits()
 BASE = np.random.default_rng(0).bytes(4096)  # a delta's base: 1,024 f32 weights

@@ -64,11 +64,11 @@ from echo_node.node import Node  # noqa: E402
 from protocol import logs, malloc  # noqa: E402
 from protocol.broadcast.engine import PEER_ERRORS, VersionTooLarge  # noqa: E402
 from protocol.errors import ProtocolError  # noqa: E402
-from protocol.host import make_host, parse_multiaddr, parse_peer_addr  # noqa: E402
 from protocol.identity import Identity  # noqa: E402
 from protocol.messages import UNSIGNED, ErrorReply  # noqa: E402
+from protocol.net.host import make_host, parse_multiaddr, parse_peer_addr  # noqa: E402
+from protocol.net.swarm import Swarm  # noqa: E402
 from protocol.rpc import RequestFailed, request  # noqa: E402
-from protocol.swarm import Swarm  # noqa: E402
 from protocol.wire import have, rollout, work  # noqa: E402
 from protocol.wire.rollout import Completion, Receipt, RolloutBatch, RolloutGroup  # noqa: E402
 from protocol.wire.work import NoWork, WorkAssignment, WorkRequest  # noqa: E402
@@ -461,16 +461,16 @@ class Volunteer:
         backend = self.crowd.leader.backend
         assert backend is not None
         return WorkRequest(
-            self.crowd.job_id,
-            64,  # a node's --max-prompts default: the learner sizes the answer
-            self.crowd.version,
-            backend.name,
-            backend.dtype,
-            f"load{self.index}",
-            "public",
-            backend.device.kind,
-            0,  # free memory unknown
-            round(self.tokens_per_s, 1),
+            job_id=self.crowd.job_id,
+            max_prompts=64,  # a node's --max-prompts default: the learner sizes the answer
+            held_version=self.crowd.version,
+            backend=backend.name,
+            dtype=backend.dtype,
+            name=f"load{self.index}",
+            reachability="public",
+            device=backend.device.kind,
+            memory_mib=0,  # free memory unknown
+            tokens_per_s=round(self.tokens_per_s, 1),
         )
 
     async def _roll_out(self, assignment: WorkAssignment, started: float) -> RolloutBatch | None:
@@ -671,12 +671,12 @@ def parse_args() -> argparse.Namespace:
 if __name__ == "__main__":
     arguments = parse_args()
     logs.setup(arguments.verbose)
-    # protocol.logs passes only our packages' records; this one is the bench's.
+    # protocol.process.logs passes only our packages' records; this one is the bench's.
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     log.addHandler(handler)
     log.propagate = False
     malloc.limit_arenas()
-    from protocol.runtime import run_until_signal
+    from protocol.process.runtime import run_until_signal
 
     run_until_signal(lambda: main(arguments))

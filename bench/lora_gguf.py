@@ -5,7 +5,7 @@ each policy version as a PEFT LoRA adapter (rank 16 on q/k/v/o/gate/up/down).
 Two ways to get it running, timed per version from the adapter tensors in hand
 to a context ready to generate:
 
-  merge    ``protocol.updates.merge_lora`` (W += (alpha/r) * B @ A, f32, the
+  merge    ``protocol.models.updates.merge_lora`` (W += (alpha/r) * B @ A, f32, the
            full safetensors bytes), then the node's ``LlamaBackend.prepare``
            (GGUF export in the node's dtype, model load, context) and ``use``
            (frees the old one): what a node did before adapters
@@ -51,9 +51,9 @@ from echo_learner.lora import state_bytes  # noqa: E402
 from echo_learner.model import config_json, load_model  # noqa: E402
 from echo_node.backend_llama import GGML_TYPE_F32, LlamaBackend  # noqa: E402
 from echo_node.device import default_threads  # noqa: E402
-from protocol.gguf_export import write_gguf  # noqa: E402
-from protocol.gguf_lora import write_lora_gguf  # noqa: E402
-from protocol.updates import lora_metadata, merge_lora  # noqa: E402
+from protocol.models.gguf_export import write_gguf  # noqa: E402
+from protocol.models.gguf_lora import write_lora_gguf  # noqa: E402
+from protocol.models.updates import lora_metadata, merge_lora  # noqa: E402
 
 RANK, ALPHA = 16, 32
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -74,7 +74,7 @@ def random_adapter(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]
 
 
 def adapter_file(adapter: dict[str, torch.Tensor]) -> bytes:
-    """The adapter as a LoRA version ships it (``protocol.updates``)."""
+    """The adapter as a LoRA version ships it (``protocol.models.updates``)."""
     return save(adapter, metadata=lora_metadata(RANK, ALPHA))
 
 

@@ -1,6 +1,6 @@
 """Every model family on both backends, and a Qwen3-0.6B-shaped model in a real swarm.
 
-Part (1), ``--only families``. For each family of ``protocol.families``
+Part (1), ``--only families``. For each family of ``protocol.models.families``
 (the tiny random models of ``tests/families.py``, each with its family's
 quirks), a llama.cpp node (f32 and q8_0) and a torch node (f32) generate
 ``--rollouts`` honest rollouts each, and every batch is verified exactly as

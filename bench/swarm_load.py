@@ -129,7 +129,7 @@ class Job:
 
 def max_connections(identities: int) -> int:
     """Room for every identity, the emulators' nodes and the bootstrap peer
-    below py-libp2p's trimming watermark (15/16 of the cap). (``protocol.host``
+    below py-libp2p's trimming watermark (15/16 of the cap). (``protocol.net.host``
     sizes py-libp2p's resource manager to it: left at its defaults, it closed
     every inbound connection beyond 256 right after the handshake.)"""
     return max(1024, 2 * identities + 256)
@@ -318,7 +318,7 @@ IDLE_FRAMES = ("EpollIOManager.get_events", "WorkerThread._work")
 # Frames on (nearly) every stack: they say nothing about where time goes.
 ENTRY_PATHS = (
     "threading.py", "<frozen", "trio/", "outcome/", "contextlib.py", "torch/utils/_contextlib.py",
-    "protocol/runtime.py", "echo_learner/cli.py", "echo_learner/__main__.py",
+    "protocol/process/runtime.py", "echo_learner/cli.py", "echo_learner/__main__.py",
 )  # fmt: skip
 
 

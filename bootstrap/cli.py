@@ -6,8 +6,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol.config import Parser, add_arguments, fail, resolve_or_exit, setting
-from protocol.connlimits import ConnectionSettings
+from protocol.net.connlimits import ConnectionSettings
+from protocol.process.config import Parser, add_arguments, fail, resolve_or_exit, setting
 
 PROG = "echo-bootstrap"
 ENV_PREFIX = "ECHO_BOOTSTRAP"
@@ -51,17 +51,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     config = resolve_or_exit(PROG, BootstrapConfig, args, ENV_PREFIX)
 
-    from protocol import logs
+    from protocol.process import logs
 
     logs.setup(args.verbose)
 
     import trio
 
-    from protocol.host import BadMultiaddr, check_addrs, full_addrs
     from protocol.identity import load_or_exit
-    from protocol.relay import RelayLimits
-    from protocol.runtime import run_until_signal
-    from protocol.swarm import BootstrapUnreachable, connect_bootstrap, open_swarm
+    from protocol.net.host import BadMultiaddr, check_addrs, full_addrs
+    from protocol.net.relay import RelayLimits
+    from protocol.net.swarm import BootstrapUnreachable, connect_bootstrap, open_swarm
+    from protocol.process.runtime import run_until_signal
 
     try:
         check_addrs(config.listen, config.bootstrap)

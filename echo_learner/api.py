@@ -56,7 +56,7 @@ import trio
 from echo_learner import metrics
 from protocol import codec
 from protocol.broadcast.ratelimit import TokenBucket
-from protocol.logs import event
+from protocol.process.logs import event
 from protocol.wire.rollout import Receipt
 
 if TYPE_CHECKING:

@@ -17,9 +17,9 @@ from typing import Any
 import trio
 from libp2p.peer.peerinfo import PeerInfo
 
-from protocol.host import parse_peer_addr
-from protocol.logs import event
-from protocol.swarm import Swarm, ping
+from protocol.net.host import parse_peer_addr
+from protocol.net.swarm import Swarm, ping
+from protocol.process.logs import event
 
 log = logging.getLogger(__name__)
 

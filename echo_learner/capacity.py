@@ -4,7 +4,8 @@ to keep the learner busy at the current staleness bound?
 Measured here: the learner's train-step and publish times, how long a new
 version takes to reach the nodes (publish -> a node asks for work holding it),
 and the learner's busy fraction. Each node's rollout throughput comes from
-``PeerBook``. ``forecast`` turns them into a predicted utilization:
+``PeerBook``. ``forecast`` turns them (``ForecastInputs``) into a predicted
+utilization:
 
 - sync: a step waits for the version to spread and for a whole batch to be
   generated with it, so ``period = train + publish + broadcast + B / R``.
@@ -14,7 +15,7 @@ and the learner's busy fraction. Each node's rollout throughput comes from
   checkpoints, step records, and the event loop's own work between steps on
   the same cores: measured together, per step, as ``bookkeeping``, the step
   period less training and the waits for a batch; timing only publishing and
-  checkpoints forecast 0.93-0.95 where 0.83 was measured). The
+  checkpoints forecast too high). The
   log-prob recompute that verifies the next B rollouts runs beside the
   training step (another thread; where they share a core, the measured
   train time already holds the contention), and must keep pace. The learner
@@ -26,13 +27,11 @@ and the learner's busy fraction. Each node's rollout throughput comes from
   cores it may use: it cannot step faster than they allow.
   Training and verification share the learner's cores, each measured while
   the other runs: while verify <= train + bookkeeping, verification hides in
-  the step (``verify' = verify``; adding it to the train time forecast 0.5
-  where 0.93 was measured); once it takes longer, both threads run side by
-  side for the whole period and each measured time holds the other's share,
-  so the period is about their mean, ``verify' = (train + bookkeeping +
-  verify) / 2`` (recomputed from the logged inputs of three async runs of
-  bench/convergence.py, learner pinned to one core: mean forecast error
-  0.051-0.086 with it, 0.068-0.093 with ``verify' = verify``).
+  the step (``verify' = verify``; adding it to the train time forecast far
+  too low); once it takes longer, both threads run side by side for the
+  whole period and each measured time holds the other's share, so the period
+  is about their mean, ``verify' = (train + bookkeeping + verify) / 2`` (it
+  fits the logged inputs of async bench runs better than ``verify' = verify``).
 
 Utilization is ``train / period``; the rollout rate needed to keep the
 learner busy is ``B / (train + bookkeeping)``.
@@ -45,6 +44,9 @@ The forecast is checked against what happens: ``CapacityMeter.on_forecast``
 keeps each forecast of the next ``window_s`` seconds until they have passed,
 then compares it with the utilization measured over them; ``forecast_error``
 is the mean absolute difference of the recent ones.
+
+What each of these choices was measured against, with the figures:
+docs/learner.md, "Capacity model" and "Pacing (async)".
 """
 
 from __future__ import annotations
@@ -66,14 +68,12 @@ FORECASTS_PER_WINDOW = 12
 ERRORS_KEPT = 60
 # The forecast is the model's, anchored to the utilization measured over the
 # last CALIBRATION_S seconds (``CapacityMeter.anchored``); the model "now" is
-# its mean over the last CURRENT_S seconds, as one step's inputs swing it by
-# 0.15 either way. Chosen on the logged steps of ten async runs of
-# bench/convergence.py: anchored over 15-30 s, mean error 0.060-0.065 and
-# worst run 0.09-0.10; the model alone 0.02-0.15 by run. No forecast is
-# checked before the learner has trained for CALIBRATION_S: the first
-# seconds (a backlog of rollouts made while it loaded, the first versions
-# spreading) say little about the next minute (forecasts made in them were
-# off by 0.13-0.14).
+# its mean over the last CURRENT_S seconds, as one step's inputs swing it
+# widely. Both chosen on the logged steps of async runs of
+# bench/convergence.py (the errors: docs/learner.md, "Capacity model"). No
+# forecast is checked before the learner has trained for CALIBRATION_S: the
+# first seconds (a backlog of rollouts made while it loaded, the first
+# versions spreading) say little about the next minute.
 CALIBRATION_S = 20.0
 CURRENT_S = 5.0
 MIN_MODEL_SAMPLES = 5
@@ -96,58 +96,70 @@ class Forecast:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
-def forecast(
-    *,
-    staleness: int,
-    publish_every: int,
-    rollouts_per_step: int,
-    train_s: float,
-    verify_s: float,
-    publish_s: float,
-    broadcast_s: float,
-    cycle_s: float,
-    supply_rps: float,
-    bookkeeping_s: float = 0.0,
-    cpu_s: float = 0.0,
-    cores: int = 1,
-) -> Forecast:
+@dataclass(frozen=True, kw_only=True)
+class ForecastInputs:
+    """What ``forecast`` is fed: the run's settings and what it has measured
+    (``Pacing.inputs`` gathers them live; metrics.jsonl and the status API
+    show them, in this order)."""
+
+    staleness: int  # S: how many versions a batch may lag; 0 is sync
+    publish_every: float  # K: steps per version, measured (at least --publish-every)
+    rollouts_per_step: int  # B
+    train_s: float  # a training step
+    bookkeeping_s: float = 0.0  # the learner's own time per step besides training; 0: a K-th of a publish
+    verify_s: float  # the log-prob recompute of B rollouts
+    publish_s: float  # building and signing a version
+    broadcast_s: float  # publish until a node holds the version
+    cycle_s: float  # a node's work cycle: assignment to verdict
+    supply_rps: float  # R: the swarm's rollouts per second
+    cpu_s: float = 0.0  # the learner process's CPU time per step, all threads
+    cores: int = 1  # the cores the learner may run on
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def forecast(inputs: ForecastInputs) -> Forecast:
+    """The learner's utilization and the rollout rate it needs, by the
+    formulas of the module's docstring, with a verdict in words."""
+    x = inputs  # short: the formulas read as in the module's docstring
     # The learner's own time per step: training, then publishing and
     # checkpoints (measured per step; before that, a K-th of a publish).
-    busy = train_s + (bookkeeping_s or publish_s / publish_every)
-    needed = rollouts_per_step / busy if busy > 0 else 0.0
-    generate_s = rollouts_per_step / supply_rps if supply_rps > 0 else float("inf")
-    verify_bound = (busy + verify_s) / 2 if verify_s > busy else busy  # see the module's docstring
-    cpu_bound = cpu_s / max(cores, 1)
-    trip = (broadcast_s + cycle_s) / (publish_every * staleness) if staleness > 0 else 0.0
-    if staleness == 0:
-        period = train_s + max(publish_s, bookkeeping_s) + broadcast_s + generate_s
+    busy = x.train_s + (x.bookkeeping_s or x.publish_s / x.publish_every)
+    needed = x.rollouts_per_step / busy if busy > 0 else 0.0
+    generate_s = x.rollouts_per_step / x.supply_rps if x.supply_rps > 0 else float("inf")
+    verify_bound = (busy + x.verify_s) / 2 if x.verify_s > busy else busy  # see the module's docstring
+    cpu_bound = x.cpu_s / max(x.cores, 1)
+    trip = (x.broadcast_s + x.cycle_s) / (x.publish_every * x.staleness) if x.staleness > 0 else 0.0
+    if x.staleness == 0:
+        period = x.train_s + max(x.publish_s, x.bookkeeping_s) + x.broadcast_s + generate_s
     else:
         period = max(busy, verify_bound, generate_s, trip, cpu_bound)
-    utilization = min(1.0, train_s / period) if period > 0 else 0.0
-    trip_bound = staleness > 0 and period == trip > max(busy, verify_bound, generate_s)
+    utilization = min(1.0, x.train_s / period) if period > 0 else 0.0
+    trip_bound = x.staleness > 0 and period == trip > max(busy, verify_bound, generate_s)
     if trip_bound:
-        k = math.ceil((broadcast_s + cycle_s) / (staleness * busy))
+        k = math.ceil((x.broadcast_s + x.cycle_s) / (x.staleness * busy))
         verdict = (
             f"versions spread slower than the staleness window allows: "
             f"publish every {k} steps (--publish-every) or raise --staleness"
         )
-    elif staleness > 0 and period == cpu_bound > max(busy, verify_bound, generate_s):
+    elif x.staleness > 0 and period == cpu_bound > max(busy, verify_bound, generate_s):
         verdict = (
-            f"the learner's {cores} core(s) are saturated: {cpu_s:.2f} CPU-s a step against {train_s:.2f} s "
+            f"the learner's {x.cores} core(s) are saturated: {x.cpu_s:.2f} CPU-s a step against {x.train_s:.2f} s "
             f"of training (more cores for the learner, or verification on another device)"
         )
-    elif staleness > 0 and period == verify_bound and verify_s > busy:
+    elif x.staleness > 0 and period == verify_bound and x.verify_s > busy:
         verdict = (
-            f"verifying a batch takes {verify_s:.2f} s, a step {busy:.2f} s: the log-prob recompute holds "
+            f"verifying a batch takes {x.verify_s:.2f} s, a step {busy:.2f} s: the log-prob recompute holds "
             f"the learner back (a faster or a separate device for it)"
         )
-    elif supply_rps <= 0:
+    elif x.supply_rps <= 0:
         verdict = "no rollout throughput measured yet"
-    elif supply_rps >= needed:
-        verdict = f"enough rollout throughput ({supply_rps / needed:.1f}x what keeps the learner busy)"
+    elif x.supply_rps >= needed:
+        verdict = f"enough rollout throughput ({x.supply_rps / needed:.1f}x what keeps the learner busy)"
     else:
-        verdict = f"needs {needed / supply_rps:.1f}x more rollout throughput to keep the learner busy"
-    return Forecast(utilization, needed, supply_rps, verdict)
+        verdict = f"needs {needed / x.supply_rps:.1f}x more rollout throughput to keep the learner busy"
+    return Forecast(utilization, needed, x.supply_rps, verdict)
 
 
 def publish_due(*, publish_every: int, steps_since: int, since_publish_s: float, broadcast_s: float) -> bool:
@@ -173,9 +185,9 @@ def window_left_s(
     leaves when version + staleness + 1 is published. Publishing is paced
     (``publish_due``): after ``publish_every`` steps of ``step_period_s``,
     and no sooner than ``broadcast_s`` after the last publish. The step under
-    way may end at any moment, so it counts as done (counting it as a whole
-    step to come, 28 batches in a run were refused 0.1 s after their prompts
-    were handed out: the publish came at the end of that step)."""
+    way may end at any moment, so it counts as done (counted as a whole step
+    to come, honest batches were refused just after their prompts were handed
+    out: the publish came at the end of that step; docs/learner.md, "Pacing (async)")."""
     publishes = version + staleness - current + 1
     if publishes <= 0:
         return 0.0
@@ -312,8 +324,8 @@ class CapacityMeter:
         moved since (its mean over the last CURRENT_S seconds against its mean
         over the CALIBRATION_S). The model's max() of mean times misses how
         the learner's stages queue behind each other on shared cores (it
-        forecast 0.87-0.96 where 0.78-0.84 happened); the measurement holds
-        that, the model what changes. None (then the model alone) in the
+        forecasts too high: docs/learner.md, "Capacity model"); the
+        measurement holds that, the model what changes. None (then the model alone) in the
         learner's first CALIBRATION_S seconds of training, or with fewer than
         MIN_MODEL_SAMPLES steps in the last CALIBRATION_S."""
         now = time.monotonic() if now is None else now

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from protocol.files import replacing
+from protocol.process.files import replacing
 
 FORMAT = 1
 

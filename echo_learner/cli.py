@@ -9,23 +9,23 @@
     tasks    the tasks --task can name, or a few prompts of one
     eval     score a checkpoint (or the base model) on the task's held-out prompts
 
-Heavy libraries (torch, transformers, libp2p) are imported only after the
-arguments parse, so ``--help`` and argument errors are instant.
+``run`` is here; each other verb is a module of its own, imported once the
+arguments parse: ``invite``, ``status_view`` (status and peers, through
+``api_client``), ``leaderboard`` (ledger), ``export``, ``tasks.listing``,
+``evaluate`` (eval). Heavy libraries (torch, transformers, libp2p) are
+imported only after the arguments parse, so ``--help`` and argument errors
+are instant.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
-import time
-from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
 from echo_learner.config import LearnerConfig, default_data_dir
-from protocol.config import Parser, add_arguments, as_dict, fail, resolve_or_exit
+from protocol.process.config import Parser, add_arguments, as_dict, fail, resolve_or_exit
 
 PROG = "echo-learner"
 ENV_PREFIX = "ECHO_LEARNER"
@@ -156,11 +156,17 @@ def main(argv: list[str] | None = None) -> None:
         config = resolve_or_exit(PROG, LearnerConfig, args, ENV_PREFIX)
         run(config, verbose=args.verbose)
     elif args.command == "invite":
-        invite(args)
+        from echo_learner import invite
+
+        invite.command(args, PROG)
     elif args.command in ("status", "peers"):
-        show(args)
+        from echo_learner import status_view
+
+        status_view.command(args, PROG)
     elif args.command == "ledger":
-        ledger(args)
+        from echo_learner import leaderboard
+
+        leaderboard.command(args, PROG)
     elif args.command == "tasks":
         from echo_learner.tasks import listing
 
@@ -170,11 +176,13 @@ def main(argv: list[str] | None = None) -> None:
 
         evaluate.command(args, PROG)
     else:
-        export(args)
+        from echo_learner import export
+
+        export.command(args, PROG)
 
 
 def run(config: LearnerConfig, *, verbose: bool) -> None:
-    from protocol import logs, malloc
+    from protocol.process import logs, malloc
 
     logs.setup(verbose)
     malloc.limit_arenas()  # before torch and trio start threads
@@ -186,10 +194,10 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
     from echo_learner.tasks.base import TaskError
     from echo_learner.tasks.registry import load_task
     from echo_learner.train_group import TrainGroupError
-    from protocol.host import BadMultiaddr, check_addrs
     from protocol.identity import Identity, load_or_exit, save
-    from protocol.runtime import run_until_signal
-    from protocol.swarm import BootstrapUnreachable
+    from protocol.net.host import BadMultiaddr, check_addrs
+    from protocol.net.swarm import BootstrapUnreachable
+    from protocol.process.runtime import run_until_signal
 
     try:
         check_addrs(config.listen, config.bootstrap)
@@ -237,263 +245,3 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
         flush=True,
     )
     sys.exit(0)
-
-
-def invite(args: argparse.Namespace) -> None:
-    from protocol import invite as invites
-    from protocol.host import BadMultiaddr, check_addrs
-    from protocol.identity import KeyFileError, load
-
-    settings_path = args.data_dir / "config.json"
-    try:
-        settings = json.loads(settings_path.read_text())
-        identity = load(args.data_dir / "identity.key")
-    except (OSError, ValueError) as exc:
-        fail(PROG, f"{args.data_dir} holds no learner ({exc}); run `echo-learner run` there first")
-    except KeyFileError as exc:
-        fail(PROG, str(exc))
-    try:
-        check_addrs(args.addr, args.bootstrap)  # --addr needs no /p2p/ part
-    except BadMultiaddr as exc:
-        fail(PROG, str(exc))
-    known = {f.name for f in fields(LearnerConfig)}
-    config = LearnerConfig(**{k: v for k, v in settings.items() if k in known and k != "data_dir"})
-    addrs = list(args.addr)
-    if (args.data_dir / "api.json").exists():
-        running = api_get(args, "/api/status")["addrs"]
-        public = [a for a in running if not a.startswith("/ip4/127.")]
-        addrs += public or running
-    bootstrap = list(dict.fromkeys([*config.bootstrap, *args.bootstrap]))
-    if not bootstrap and not addrs:
-        fail(
-            PROG,
-            "the invite would hold no address: start the learner (`echo-learner run`) or pass --addr / --bootstrap",
-        )
-    print(invites.make(identity, config.job_for(identity.peer_id_str), bootstrap, addrs[:8]))
-
-
-# --- reading a running learner ---------------------------------------------------
-
-
-def api_get(args: argparse.Namespace, path: str) -> Any:
-    import urllib.error
-    import urllib.request
-
-    url = args.url
-    if url is None:
-        api_file = args.data_dir / "api.json"
-        try:
-            url = json.loads(api_file.read_text())["url"]
-        except (OSError, ValueError, KeyError):
-            fail(PROG, f"no running learner found ({api_file} missing); pass --url or --data-dir")
-    # A learner bound beyond loopback names its API token in the URL's fragment.
-    url, _, fragment = url.partition("#")
-    token = fragment.removeprefix("token=") if fragment.startswith("token=") else ""
-    request = urllib.request.Request(
-        url.rstrip("/") + path, headers={"Authorization": f"Bearer {token}"} if token else {}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            return json.loads(resp.read())
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        fail(PROG, f"the learner's status API at {url} did not answer: {exc}")
-
-
-def forecast_check(cap: dict) -> str:
-    """How the capacity forecasts of the past minutes fared, in words."""
-    if cap.get("forecast_error") is None:
-        return "none checked yet (each is checked once its minute has passed)"
-    return (
-        f"mean error {cap['forecast_error']:.2f}; the last said {cap['last_forecast']:.0%}, "
-        f"then {cap['last_measured']:.0%} happened"
-    )
-
-
-def model_alone(cap: dict) -> str:
-    """The capacity model's own figure, where the forecast was anchored to measurements."""
-    model = cap.get("model_utilization")
-    return "" if model is None else f" (the model alone: {model:.0%})"
-
-
-def show(args: argparse.Namespace) -> None:
-    if args.command == "status":
-        data = api_get(args, "/api/status")
-        if args.json:
-            print(json.dumps(data, indent=2))
-            return
-        cap = data["capacity"]
-        m = data["measurements"]
-        reward = "-" if data["reward"] is None else f"{data['reward']:.3f}"
-        held = data["heldout"]
-        if held:
-            lo, hi = held["ci95"]
-            reward += (
-                f"; held-out accuracy {held['accuracy']:.3f} (95% CI {lo:.3f}-{hi:.3f}) at version {held['version']}"
-            )
-        from protocol.tables import print_fields
-
-        fields = [
-            ("job", f"{data['job_id']} ({data['task']}, {data['model']}, {data['parameters']:,} parameters)"),
-            ("mode", f"{data['mode']}, staleness {data['staleness']}, publish every {data['publish_every']}"),
-            (
-                "progress",
-                f"step {data['step']}/{data['steps']}, version {data['version']}, "
-                f"{data['steps_per_s']:.2f} steps/s, uptime {data['uptime_s']:.0f} s",
-            ),
-            ("reward", reward),
-            (
-                "rollouts",
-                f"{data['rollouts_accepted']} accepted, {data['batches_refused']} batches refused "
-                f"{data['refusals'] or ''}".rstrip(),
-            ),
-            ("nodes", f"{data['peers']} active, {data['contributors']} contributed"),
-            (
-                "learner",
-                f"utilization {data['utilization']:.0%} (train {m['train_s']:.3f} s/step, "
-                f"publish {m['publish_s']:.3f} s, broadcast {m['broadcast_s']:.3f} s)",
-            ),
-            (
-                "capacity",
-                f"forecast utilization {cap['utilization']:.0%}{model_alone(cap)}; {cap['verdict']} "
-                f"(have {cap['supply_rollouts_per_s']:.1f}, need {cap['needed_rollouts_per_s']:.1f} rollouts/s)",
-            ),
-            ("forecasts", forecast_check(cap)),
-        ]
-        for b in data["bootstrap"]:
-            state = {None: "not asked yet", True: f"answers ({b['rtt_ms']} ms)"}.get(
-                b["answers"], f"NO ANSWER: {b['error']}"
-            )
-            fields.append(("bootstrap", f"{b['addr']}: {state}"))
-        print_fields(fields)
-        return
-    peers = api_get(args, "/api/peers")["peers"]
-    if args.json:
-        print(json.dumps(peers, indent=2))
-        return
-    from protocol.tables import print_table
-
-    def row(p: dict) -> list[object]:
-        banned = f" BANNED {p['banned_for_s']:.0f}s" if p["banned_for_s"] else ""
-        return [
-            "…" + p["peer"][-12:],
-            p["backend"],
-            p["dtype"],
-            p["device"],
-            f"{p['memory_mib'] / 1024:.1f}",
-            f"{p['tokens_per_s']:.0f}",
-            {"private": "behind NAT"}.get(p["reachability"], p["reachability"]),
-            "relayed" if p["route"].startswith("relayed") else p["route"],
-            p["held_version"],
-            f"{p['rollouts_per_s']:.1f}",
-            p["accepted"],
-            p["refused"],
-            f"{p['last_seen_s']:.0f}s",
-            p["last_reason"] + banned,
-        ]
-
-    columns = (
-        "peer",
-        "backend",
-        "dtype",
-        "device",
-        "free GiB",
-        "tokens/s",
-        "reachable",
-        "connection",
-        "version",
-        "rollouts/s",
-        "accepted",
-        "refused",
-        "seen",
-        "last verdict",
-    )
-    numeric = ("free GiB", "tokens/s", "version", "rollouts/s", "accepted", "refused", "seen")
-    print_table(columns, (row(p) for p in peers), numeric=numeric)
-
-
-# --- reading the data dir ---------------------------------------------------------
-
-
-def ledger(args: argparse.Namespace) -> None:
-    import sqlite3
-    from dataclasses import asdict
-
-    from echo_learner.ledger import Ledger
-
-    if args.limit < 1:
-        fail(PROG, "--limit must be at least 1")
-    try:
-        db = Ledger(args.data_dir / "ledger.sqlite", readonly=True)
-        rows = db.leaderboard(args.limit)
-        refusals = db.refusal_counts()
-        db.close()
-    except (FileNotFoundError, sqlite3.Error) as exc:
-        fail(PROG, f"cannot read the ledger: {exc}")
-    if args.json:
-        print(json.dumps({"contributors": [asdict(r) for r in rows], "refusals": refusals}, indent=2))
-        return
-    from protocol.tables import print_table
-
-    print_table(
-        ("#", "peer", "credit", "tokens", "rollouts", "accepted", "refused"),
-        ((i, r.peer, f"{r.credit:.0f}", r.tokens, r.rollouts, r.accepted, r.refused) for i, r in enumerate(rows, 1)),
-        numeric=("#", "credit", "tokens", "rollouts", "accepted", "refused"),
-    )
-    if refusals:
-        print("refused: " + ", ".join(f"{k} {v}" for k, v in sorted(refusals.items())))
-
-
-def write_model_gguf(model: Any, source: str, path: Path, dtype: str) -> None:
-    """``model`` as a llama.cpp GGUF file, with the tokenizer of ``source``'s
-    GGUF file if it came from one (else the byte vocabulary nodes use)."""
-    from echo_learner.model import config_json, locate
-    from protocol.gguf_export import write_gguf
-
-    where = locate(source) if source else {}
-    tokenizer_from = None
-    if "gguf_file" in where:
-        tokenizer_from = Path(where["pretrained_model_name_or_path"]) / where["gguf_file"]
-    tied = getattr(model.config, "tie_word_embeddings", False)
-    tensors = {
-        name: value.detach().float().numpy()
-        for name, value in model.state_dict().items()
-        if not (tied and name == "lm_head.weight")  # llama.cpp ties it back itself
-    }
-    write_gguf(config_json(model), tensors, path, dtype, tokenizer_from=tokenizer_from)
-
-
-def export(args: argparse.Namespace) -> None:
-    if args.out.exists() and any(args.out.iterdir()):
-        fail(PROG, f"{args.out} exists and is not empty")
-
-    from echo_learner import checkpoint
-    from echo_learner.model import ModelError, load_model
-
-    started = time.monotonic()
-    try:
-        state = checkpoint.load(args.data_dir / "checkpoint.pt")
-    except checkpoint.CheckpointError as exc:
-        fail(PROG, str(exc))
-    try:
-        model, tokenizer = load_model(state.get("model_source", ""))
-    except ModelError as exc:
-        fail(PROG, f"cannot rebuild the checkpoint's model: {exc}")
-    from echo_learner.lora import restore
-
-    model = restore(model, state)
-    args.out.mkdir(parents=True, exist_ok=True)
-    if state.get("lora"):
-        # The adapter on its own (PEFT's format), then the merged model.
-        model.save_pretrained(args.out / "adapter")
-        model = model.merge_and_unload()
-    model.save_pretrained(args.out)
-    tokenizer.save_pretrained(args.out)
-    if importlib.util.find_spec("gguf") is None:
-        print("no GGUF file written: the gguf package is missing (pip install 'echo-swarm[llama]')", flush=True)
-    else:
-        write_model_gguf(model, state.get("model_source", ""), args.out / "model.gguf", args.gguf_dtype)
-    print(
-        f"exported step {state['step']} (version {state['version']}) to {args.out} "
-        f"in {time.monotonic() - started:.1f} s",
-        flush=True,
-    )

@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol.config import setting
-from protocol.connlimits import ConnectionSettings
+from protocol.net.connlimits import ConnectionSettings
+from protocol.process.config import setting
 
 
 def default_data_dir() -> Path:

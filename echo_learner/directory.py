@@ -15,8 +15,8 @@ import logging
 import trio
 
 from protocol.ids import JOB_DIRECTORY_KEY, manifest_keys
-from protocol.logs import event
-from protocol.swarm import Swarm
+from protocol.net.swarm import Swarm
+from protocol.process.logs import event
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from echo_learner.device import of as device_of
 from echo_learner.lora import restore
 from echo_learner.model import render_prompt, stop_ids
 from echo_learner.tasks.base import Task, TaskError
-from protocol.progress import progress
+from protocol.process.progress import progress
 
 SOLVED = 0.9
 Z95 = 1.96
@@ -44,6 +44,21 @@ class _UntilSet(StoppingCriteria):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
         return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalSettings:
+    """What to score a model on, and how to generate (``echo-learner eval``'s
+    flags; the learner's held-out scoring as it trains)."""
+
+    n: int  # held-out prompts
+    k: int  # samples per prompt for pass@1; 0 for greedy decoding only
+    max_new_tokens: int  # the answer budget
+    system_prompt: str = ""
+    batch: int = 16  # sequences generated at once
+    seed: int = 0  # seeds the pass@1 samples
+    temperature: float = 1.0  # of the pass@1 samples
+    show_progress: bool = False  # a progress bar: echo-learner eval's, not the learner's (its training bar runs)
 
 
 @dataclass(frozen=True)
@@ -75,25 +90,24 @@ def complete(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     prompts: list[tuple[int, ...]],
+    settings: EvalSettings,
     *,
     samples: int,
     greedy: bool,
-    max_new_tokens: int,
-    batch: int,
-    desc: str,
-    temperature: float = 1.0,
     stop: threading.Event | None = None,
-    show_progress: bool = False,
 ) -> list[list[str]]:
-    """``samples`` completions of each prompt, as text up to the first stop
-    token; ``Stopped`` soon after ``stop`` is set."""
+    """``samples`` completions of each prompt (greedy, or sampled at the
+    settings' temperature), as text up to the first stop token; ``Stopped``
+    soon after ``stop`` is set."""
+    batch = settings.batch
     stop = stop or threading.Event()
     stops = stop_ids(tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     rows = [p for p in prompts for _ in range(samples)]
     texts: list[str] = []
+    desc = "greedy" if greedy else f"{samples} samples"
     # A bar only where asked (echo-learner eval): the learner's held-out runs beside its training bar.
-    shown = progress(desc, len(rows)) if show_progress else contextlib.nullcontext(lambda *_, **__: None)
+    shown = progress(desc, len(rows)) if settings.show_progress else contextlib.nullcontext(lambda *_, **__: None)
     with shown as bar:
         for start in range(0, len(rows), batch):
             chunk = rows[start : start + batch]
@@ -106,13 +120,13 @@ def complete(
             sampling = (
                 {"do_sample": False}
                 if greedy
-                else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+                else {"do_sample": True, "temperature": settings.temperature, "top_k": 0, "top_p": 1.0}
             )
             where = device_of(model)
             out = model.generate(
                 input_ids=input_ids.to(where),
                 attention_mask=attention.to(where),
-                max_new_tokens=max_new_tokens,
+                max_new_tokens=settings.max_new_tokens,
                 eos_token_id=sorted(stops),
                 pad_token_id=pad,
                 stopping_criteria=StoppingCriteriaList([_UntilSet(stop)]),
@@ -131,28 +145,21 @@ def evaluate(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     task: Task,
+    settings: EvalSettings,
     *,
-    n: int,
-    k: int,
-    max_new_tokens: int,
-    system_prompt: str = "",
-    batch: int = 16,
-    seed: int = 0,
-    temperature: float = 1.0,
     stop: threading.Event | None = None,
-    show_progress: bool = False,
 ) -> dict:
     """Greedy accuracy and pass@1 over ``k`` samples on ``n`` held-out
-    prompts; ``Stopped`` soon after ``stop`` is set."""
-    heldout = task.heldout(n)
+    prompts (``settings``); ``Stopped`` soon after ``stop`` is set."""
+    k = settings.k
+    heldout = task.heldout(settings.n)
     if not heldout:
         raise TaskError(f"task {task.name} has no held-out prompts to evaluate on")
     if k:  # greedy decoding draws nothing: the process's RNGs stay as they are
-        random.seed(seed)
-        torch.manual_seed(seed)
-    prompts = [render_prompt(tokenizer, p.text, system_prompt) for p in heldout]
-    common = {"max_new_tokens": max_new_tokens, "batch": batch, "stop": stop, "show_progress": show_progress}
-    greedy = complete(model, tokenizer, prompts, samples=1, greedy=True, desc="greedy", **common)
+        random.seed(settings.seed)
+        torch.manual_seed(settings.seed)
+    prompts = [render_prompt(tokenizer, p.text, settings.system_prompt) for p in heldout]
+    greedy = complete(model, tokenizer, prompts, settings, samples=1, greedy=True, stop=stop)
     rewards = [task.reward(p, c[0]) for p, c in zip(heldout, greedy)]
     result: dict = {
         "task": task.name,
@@ -163,9 +170,7 @@ def evaluate(
         "example": {"prompt": heldout[0].text, "answer": heldout[0].answer, "completion": greedy[0][0]},
     }
     if k:
-        sampled = complete(
-            model, tokenizer, prompts, samples=k, greedy=False, desc=f"{k} samples", temperature=temperature, **common
-        )
+        sampled = complete(model, tokenizer, prompts, settings, samples=k, greedy=False, stop=stop)
         shares = [sum(task.reward(p, c) >= SOLVED for c in cs) / k for p, cs in zip(heldout, sampled)]
         result["pass1"] = asdict(mean_with_ci(shares))
     return result
@@ -178,7 +183,7 @@ def command(args: argparse.Namespace, prog: str) -> None:
     from echo_learner.device import DeviceUnavailable, choose
     from echo_learner.model import ModelError, describe, load_model
     from echo_learner.tasks.registry import load_task
-    from protocol.config import fail
+    from protocol.process.config import fail
 
     if args.n < 1 or args.k < 0 or args.batch < 1 or args.temperature < 0:
         fail(prog, "-n and --batch must be at least 1, -k and --temperature at least 0")
@@ -201,10 +206,7 @@ def command(args: argparse.Namespace, prog: str) -> None:
     if state is not None:
         model = restore(model, state)
     model.to(device)
-    result = evaluate(
-        model,
-        tokenizer,
-        task,
+    settings = EvalSettings(
         n=args.n,
         k=args.k,
         batch=args.batch,
@@ -214,6 +216,7 @@ def command(args: argparse.Namespace, prog: str) -> None:
         temperature=args.temperature or saved.get("temperature", 1.0),
         show_progress=True,
     )
+    result = evaluate(model, tokenizer, task, settings)
     result["model"] = describe(source)
     result["temperature"] = args.temperature or saved.get("temperature", 1.0)
     result["step"] = None if state is None else state["step"]

@@ -17,9 +17,9 @@ import torch
 import trio
 from transformers import PreTrainedTokenizerBase
 
-from echo_learner.evaluate import evaluate
+from echo_learner.evaluate import EvalSettings, evaluate
 from echo_learner.tasks.base import Task, TaskError
-from protocol.logs import event
+from protocol.process.logs import event
 
 log = logging.getLogger(__name__)
 KEPT = 1000  # results kept in memory for the status API
@@ -70,16 +70,10 @@ class HeldoutMonitor:
             assert self._due is not None
             (version, step, model), self._due = self._due, None
             started = time.monotonic()
-            score = functools.partial(
-                evaluate,
-                model,
-                self.tokenizer,
-                self.task,
-                n=self.prompts,
-                k=0,
-                max_new_tokens=self.max_new_tokens,
-                system_prompt=self.system_prompt,
+            settings = EvalSettings(
+                n=self.prompts, k=0, max_new_tokens=self.max_new_tokens, system_prompt=self.system_prompt
             )
+            score = functools.partial(evaluate, model, self.tokenizer, self.task, settings)
             try:
                 result = await _stoppable(score)
             except TaskError as exc:  # the task has no held-out split

@@ -21,23 +21,21 @@ import trio
 from libp2p.abc import INetStream
 
 from echo_learner import fairness
-from echo_learner.capacity import CapacityMeter, window_left_s
+from echo_learner.capacity import window_left_s
 from echo_learner.config import LearnerConfig
-from echo_learner.cpu_split import CpuSplit
-from echo_learner.ledger import CREDIT_PER_TOKEN, Ledger, Row
+from echo_learner.ledger import CREDIT_PER_TOKEN, Row
 from echo_learner.loop_lag import LoopLag
 from echo_learner.peers import REFUSALS_PER_STRIKE, PeerBook, PeerStats
-from echo_learner.pool import Assignment, PromptPool, Rollouts
-from echo_learner.recompute import Pass, Recomputer
+from echo_learner.pool import Assignment, Rollouts
 from echo_learner.sizing import DEADLINE_SHARE, Worker, prompts_for, round_end_s
 from echo_learner.tasks.base import Task
 from echo_learner.trainer import ScoredGroup
-from echo_learner.verify import ACCEPTED, Limits, Policies, Window, verify_batch
+from echo_learner.verify import ACCEPTED, Verifier
 from protocol import codec, framing
 from protocol.errors import ProtocolError
 from protocol.identity import Identity
-from protocol.logs import event
 from protocol.messages import UNKNOWN_JOB, UNSIGNED, ErrorReply
+from protocol.process.logs import event
 from protocol.rpc import remote_peer, route
 from protocol.wire import rollout, work
 from protocol.wire.rollout import MALFORMED, Receipt, RolloutBatch
@@ -68,61 +66,38 @@ class Ingest:
         config: LearnerConfig,
         identity: Identity,
         *,
-        job_id: str,
+        verifier: Verifier,
         task: Task,
         decode: Callable[[list[int]], str],
-        pad_id: int,
-        limits: Limits,
-        pool: PromptPool,
-        policies: Policies,
-        ledger: Ledger,
         peers: PeerBook,
-        meter: CapacityMeter,
-        current_version: Callable[[], int],
     ):
         self.config = config
         self.identity = identity
         self.me = identity.peer_id_str
-        self.job_id = job_id
+        self.verifier = verifier
+        # Work is handed out from, and verdicts are written to, what batches
+        # are checked against: the verifier's limits, pool, ledger, versions
+        # and meters, taken from it so that they cannot differ.
+        self.limits = verifier.limits
+        self.job_id = verifier.limits.job_id
+        self.pool = verifier.pool
+        self.ledger = verifier.ledger
+        self.current_version = verifier.current_version
+        self.meter = verifier.meter
+        self.cpu = verifier.cpu
+        self.pool.on_lapsed = self._lapsed
+        self.pool.provisional = self._provisional
         self.task = task
         self.decode = decode
-        self.limits = limits
-        pool.on_lapsed = self._lapsed
-        pool.provisional = self._provisional
-        self.pool = pool
-        self.policies = policies
-        self.ledger = ledger
         self.peers = peers
-        self.meter = meter
-        self.current_version = current_version
         self.counters = Counters()
-        self.cpu = CpuSplit()
         self.lag = LoopLag()
-        self.recomputer = Recomputer(
-            policies.get,
-            pad_id=pad_id,
-            max_logit_bytes=limits.max_logit_bytes,
-            temperature=limits.temperature,
-            max_batches=config.verify_batch,
-            max_tokens=config.verify_pass_tokens,
-            on_pass=self._recomputed,
-        )
         self.contributors: set[str] = set()
-        # Nonces of batches being verified right now: a copy sent while the
-        # first is in its log-prob check must not pass the replay check.
-        self._verifying: set[tuple[str, bytes]] = set()
         self._asking: Counter[str] = Counter()  # work requests under way per peer
         self._waiting = 0  # work requests waiting for the pool to change
         # Work requests refused for being over the limit, per peer (bounded:
         # cleared past max_peers_tracked peers).
         self._refusals: Counter[str] = Counter()
-
-    def window(self) -> Window:
-        """Versions a rollout may be made with now: the staleness window, within
-        the versions this learner still holds (a resumed learner holds fewer)."""
-        version = self.current_version()
-        held = min(self.policies.models, default=version)
-        return Window(max(version - self.config.window, held), version)
 
     # --- work ----------------------------------------------------------------------
 
@@ -246,7 +221,7 @@ class Ingest:
         or at worst the current one. Handing a node prompts to make with a
         version about to leave cost 1.2 % of honest batches
         (bench/convergence.py): they arrived out of the window."""
-        cfg, meter, window = self.config, self.meter, self.window()
+        cfg, meter, window = self.config, self.meter, self.verifier.window()
         if cfg.window == 0 or meter.step_period_s <= 0:
             return window.lo, math.inf
         current, need_s = self.current_version(), self._one_more_s(peer, holds)
@@ -370,92 +345,74 @@ class Ingest:
             on_decoded=lambda seconds: self.cpu.add("decode", seconds),
         )
 
-    def _recomputed(self, done: Pass) -> None:
-        self.cpu.add("recompute", done.cpu_s)
-        self.meter.on_verify(done.seconds, done.rollouts)
-
     async def _judge(self, sender: str, batch: RolloutBatch) -> Receipt:
         """Verify ``batch``, record the verdict in the ledger and return the
         signed receipt (sent only after the ledger write)."""
-        rollouts = sum(len(g.completions) for g in batch.groups)
-        reason = await verify_batch(
-            batch,
-            sender,
-            banned=self.peers.banned(sender),
-            pool=self.pool,
-            window=self.window,
-            nonce_accepted=lambda nonce: self.ledger.nonce_accepted(sender, nonce),
-            limits=self.limits,
-            recomputer=self.recomputer,
-            in_flight=self._verifying,
-            cpu=self.cpu,
-        )
+        reason = await self.verifier.judge(batch, sender, banned=self.peers.banned(sender))
         accepted = reason is None
-        assignments = [self.pool.lookup(g.prompt_id) for g in batch.groups] if accepted else []
+        rollouts = sum(len(g.completions) for g in batch.groups)
         tokens = sum(len(c.tokens) for g in batch.groups for c in g.completions)
         with self.cpu.phase("receipt"):
             receipt = self._receipt(batch, reason, tokens)
         # Write before ack: the row (and an accepted batch itself) is committed
         # before the node sees its receipt.
         with self.cpu.phase("ledger"):
-            self.ledger.record(
-                Row(
-                    batch_hash=receipt.batch_hash,
-                    peer=sender,
-                    version=batch.version,
-                    nonce=batch.nonce,
-                    rollouts=rollouts,
-                    tokens=receipt.tokens,
-                    verdict=receipt.verdict,
-                    reason=receipt.reason,
-                    credit=receipt.credit,
-                    created_ms=receipt.created_ms,
-                    receipt=codec.encode(receipt),
-                    batch=codec.encode(batch) if accepted else None,
-                )
-            )
+            kept = codec.encode(batch) if accepted else None
+            self.ledger.record(Row.of_receipt(receipt, peer=sender, nonce=batch.nonce, rollouts=rollouts, batch=kept))
         cycle_s = None
-        if accepted:
-            # The node worked on this batch since it was handed out, or since
-            # its previous batch came in if it took this one early (nodes
-            # fetch their next assignment while generating): then the trip
-            # to us overlaps the next generation and costs it nothing.
-            now, stats = trio.current_time(), self.peers.seen(sender)
-            busy_since = max(min(a.handed_at for a in assignments if a is not None), stats.answered_at)
-            stats.answered_at, cycle_s = now, now - busy_since
-            for a, group in zip(assignments, batch.groups):
-                assert a is not None
-                self.pool.answer(a, Rollouts(batch.version, sender, self._score(a, group)))
-            self.counters.rollouts_accepted += rollouts
-            self.counters.batches_accepted += 1
-            self.cpu.accepted += 1
-            self.contributors.add(sender)
+        if reason is None:
+            cycle_s = self._take(sender, batch, rollouts)
         else:
-            self.counters.batches_refused += 1
-            self.counters.refused[reason] += 1
-            handed, window = self.pool.lookup(batch.groups[0].prompt_id) if batch.groups else None, self.window()
-            event(
-                log,
-                logging.INFO,
-                "refused batch",
-                peer=sender,
-                reason=reason,
-                version=batch.version,
-                window=f"{window.lo}-{window.hi}",
-                # When and at which version its prompts were handed out: says
-                # whether the node was slow or given too little time.
-                handed_at_version=handed.version if handed else None,
-                handed_s_ago=round(trio.current_time() - handed.handed_at, 2) if handed else None,
-            )
-            # Its prompts go to another node now, not at their deadline (a
-            # sync step would wait that long for them); the sender keeps none
-            # of them. Their lapse is no strike: a batch made in good faith
-            # with a version we have since left behind earns none, and any
-            # other refusal is struck once, by the ledger's verdict.
-            self.pool.release(sender, [g.prompt_id for g in batch.groups])
+            self._give_back(sender, batch, reason)
         # generate_ms is the node's own word; it only feeds the capacity forecast.
         self.peers.on_verdict(sender, receipt.reason, rollouts, receipt.tokens, cycle_s, batch.generate_ms / 1000)
         return receipt
+
+    def _take(self, sender: str, batch: RolloutBatch, rollouts: int) -> float:
+        """Score the accepted ``batch``'s groups into the pool; the seconds
+        ``sender`` worked on it.
+
+        The node worked on it since it was handed out, or since its previous
+        batch came in if it took this one early (nodes fetch their next
+        assignment while generating): then the trip to us overlaps the next
+        generation and costs it nothing."""
+        assignments = [self.pool.lookup(g.prompt_id) for g in batch.groups]
+        now, stats = trio.current_time(), self.peers.seen(sender)
+        busy_since = max(min(a.handed_at for a in assignments if a is not None), stats.answered_at)
+        stats.answered_at = now
+        for a, group in zip(assignments, batch.groups):
+            assert a is not None
+            self.pool.answer(a, Rollouts(batch.version, sender, self._score(a, group)))
+        self.counters.rollouts_accepted += rollouts
+        self.counters.batches_accepted += 1
+        self.cpu.accepted += 1
+        self.contributors.add(sender)
+        return now - busy_since
+
+    def _give_back(self, sender: str, batch: RolloutBatch, reason: str) -> None:
+        """Count and log the refused ``batch``, and hand its prompts to
+        another node now, not at their deadline (a sync step would wait that
+        long for them); the sender keeps none of them. Their lapse is no
+        strike: a batch made in good faith with a version we have since left
+        behind earns none, and any other refusal is struck once, by the
+        ledger's verdict."""
+        self.counters.batches_refused += 1
+        self.counters.refused[reason] += 1
+        handed, window = self.pool.lookup(batch.groups[0].prompt_id) if batch.groups else None, self.verifier.window()
+        event(
+            log,
+            logging.INFO,
+            "refused batch",
+            peer=sender,
+            reason=reason,
+            version=batch.version,
+            window=f"{window.lo}-{window.hi}",
+            # When and at which version its prompts were handed out: says
+            # whether the node was slow or given too little time.
+            handed_at_version=handed.version if handed else None,
+            handed_s_ago=round(trio.current_time() - handed.handed_at, 2) if handed else None,
+        )
+        self.pool.release(sender, [g.prompt_id for g in batch.groups])
 
     def _receipt(self, batch: RolloutBatch, reason: str | None, tokens: int) -> Receipt:
         """The signed verdict on ``batch``: accepted if ``reason`` is None."""
@@ -492,7 +449,7 @@ class Ingest:
 
     def _record_malformed(self, sender: str, exc: ProtocolError) -> None:
         """An undecodable or oversized batch is a verdict too: a ledger row, a strike."""
-        self.ledger.record(Row(bytes(32), sender, 0, b"", 0, 0, "refused", MALFORMED, 0.0, now_ms(), b""))
+        self.ledger.record(Row.unread(sender, MALFORMED, now_ms()))
         self.counters.batches_refused += 1
         self.counters.refused[MALFORMED] += 1
         self.peers.on_verdict(sender, MALFORMED, 0, 0)

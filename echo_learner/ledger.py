@@ -16,6 +16,12 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from protocol import codec
+
+if TYPE_CHECKING:
+    from protocol.wire.rollout import Receipt
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS verdicts (
@@ -61,6 +67,43 @@ class Row:
     created_ms: int
     receipt: bytes  # the signed Receipt as sent (empty when none could be made)
     batch: bytes | None = None  # the encoded RolloutBatch, kept for accepted ones
+
+    @classmethod
+    def of_receipt(cls, receipt: Receipt, *, peer: str, nonce: bytes, rollouts: int, batch: bytes | None) -> Row:
+        """The row behind ``receipt``, a verdict on a batch ``peer`` sent (the
+        sender on the connection: a forged batch may claim another signer)."""
+        return cls(
+            batch_hash=receipt.batch_hash,
+            peer=peer,
+            version=receipt.version,
+            nonce=nonce,
+            rollouts=rollouts,
+            tokens=receipt.tokens,
+            verdict=receipt.verdict,
+            reason=receipt.reason,
+            credit=receipt.credit,
+            created_ms=receipt.created_ms,
+            receipt=codec.encode(receipt),
+            batch=batch,
+        )
+
+    @classmethod
+    def unread(cls, peer: str, reason: str, created_ms: int) -> Row:
+        """A refusal of a batch that could not be decoded: nothing of it is
+        known (hash, version, nonce), so no receipt can be made for it."""
+        return cls(
+            batch_hash=bytes(32),
+            peer=peer,
+            version=0,
+            nonce=b"",
+            rollouts=0,
+            tokens=0,
+            verdict="refused",
+            reason=reason,
+            credit=0.0,
+            created_ms=created_ms,
+            receipt=b"",
+        )
 
 
 @dataclass(frozen=True)

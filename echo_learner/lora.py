@@ -4,7 +4,7 @@ The learner wraps its model once, before the optimiser sees it; GRPO,
 log-prob recompute and held-out scoring then run on the wrapped model as on
 any other. What a LoRA version publishes is its adapter file
 (``adapter_bytes``), an update against the base weights (``base_bytes``,
-published once as a full version); ``protocol.updates`` says how nodes
+published once as a full version); ``protocol.models.updates`` says how nodes
 rebuild the weights.
 """
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 from safetensors.torch import save
 
-from protocol.families import wire_dtype
-from protocol.updates import lora_metadata
+from protocol.models.families import wire_dtype
+from protocol.models.updates import lora_metadata
 
 # --lora-targets: every linear layer of the decoder blocks (``linear_layers``).
 ALL_LINEAR = "all-linear"
@@ -63,7 +63,7 @@ def describe_lora(settings: dict | None) -> str:
 
 def published_dtype(model: torch.nn.Module) -> torch.dtype:
     """The dtype a plain model's weights are published in: the model's own
-    (``protocol.families.wire_dtype``), though the learner trains in float32."""
+    (``protocol.models.families.wire_dtype``), though the learner trains in float32."""
     return WIRE_DTYPES[wire_dtype(model.config.to_dict())]
 
 

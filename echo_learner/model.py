@@ -24,8 +24,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from protocol.bytevocab import byte_chars
-from protocol.families import UnsupportedModel, family_of
+from protocol.models.bytevocab import byte_chars
+from protocol.models.families import UnsupportedModel, family_of
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 VOCAB_SIZE = 256 + 3
@@ -152,9 +152,9 @@ def load_model(source: str, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedT
     ``source`` is "" for the built-in model (seeded with ``seed``), a Hugging
     Face directory, a cached hub id, or a ``.gguf`` file (dequantised by
     transformers; needs the ``gguf`` package). Its family must be one of
-    ``protocol.families`` (nodes export it to llama.cpp). The model's
+    ``protocol.models.families`` (nodes export it to llama.cpp). The model's
     ``config.dtype`` stays the dtype it came in: its weights travel in it
-    (``protocol.families.wire_dtype``) while the learner trains in float32.
+    (``protocol.models.families.wire_dtype``) while the learner trains in float32.
     """
     if not source:
         return build_model(ModelShape(seed=seed)), build_tokenizer()

@@ -14,7 +14,7 @@ import time
 
 import trio
 
-from echo_learner.capacity import FORECASTS_PER_WINDOW, CapacityMeter, Forecast, forecast, publish_due
+from echo_learner.capacity import FORECASTS_PER_WINDOW, CapacityMeter, Forecast, ForecastInputs, forecast, publish_due
 from echo_learner.config import LearnerConfig
 from echo_learner.peers import PeerBook
 
@@ -29,9 +29,9 @@ class Pacing:
 
     def publish_due(self) -> bool:
         """Publish after every step in sync mode; in async mode paced by
-        ``capacity.publish_due`` (measured at 20 Mbit/s, where a version took
-        1.2 s to spread and 3 steps 0.9 s: unpaced, 3 % of honest batches were
-        refused as out of the window)."""
+        ``capacity.publish_due`` (unpaced, where versions spread slower than
+        steps ran, honest batches were refused as out of the window:
+        docs/learner.md, "Pacing (async)")."""
         cfg, meter = self.config, self.meter
         return cfg.mode == "sync" or publish_due(
             publish_every=cfg.publish_every,
@@ -40,41 +40,41 @@ class Pacing:
             broadcast_s=meter.broadcast_s,
         )
 
-    def on_step(self) -> dict:
+    def on_step(self) -> ForecastInputs:
         """After a step: the model's inputs now, its forecast kept for anchoring."""
         inputs = self.inputs()
-        self.meter.on_model(forecast(**inputs).utilization)
+        self.meter.on_model(forecast(inputs).utilization)
         return inputs
 
-    def outlook(self, inputs: dict | None = None) -> Forecast:
+    def outlook(self, inputs: ForecastInputs | None = None) -> Forecast:
         """The capacity model's forecast from the live ``inputs`` (measured now
         if not given), its utilization anchored to what this run measured
         (``CapacityMeter.anchored``)."""
-        model = forecast(**(self.inputs() if inputs is None else inputs))
+        model = forecast(self.inputs() if inputs is None else inputs)
         anchored = self.meter.anchored()
         if anchored is None:
             return model
         return dataclasses.replace(model, utilization=anchored, model_utilization=model.utilization)
 
-    def inputs(self) -> dict:
-        """What the capacity model is fed now (``echo_learner.capacity.forecast``'s arguments)."""
+    def inputs(self) -> ForecastInputs:
+        """What the capacity model is fed now."""
         cfg = self.config
         active = self.peers.active(within_s=cfg.capacity_window_s)
         cycles = [p.cycle_s for p in active if p.cycle_s > 0]
-        return {
-            "staleness": cfg.window,
-            "publish_every": 1 if cfg.mode == "sync" else max(cfg.publish_every, self.meter.steps_per_version),
-            "rollouts_per_step": cfg.prompts_per_step * cfg.group_size,
-            "train_s": round(self.meter.train_s, 4),
-            "bookkeeping_s": round(self.meter.overhead_s, 4),
-            "verify_s": round(self.meter.verify_s_per_rollout * cfg.prompts_per_step * cfg.group_size, 4),
-            "publish_s": round(self.meter.publish_s, 4),
-            "broadcast_s": round(self.meter.broadcast_s, 4),
-            "cycle_s": round(sum(cycles) / len(cycles), 4) if cycles else 0.0,
-            "supply_rps": round(sum(p.rate for p in active), 3),
-            "cpu_s": round(self.meter.cpu_s, 4),
-            "cores": self.cores,
-        }
+        return ForecastInputs(
+            staleness=cfg.window,
+            publish_every=1 if cfg.mode == "sync" else max(cfg.publish_every, self.meter.steps_per_version),
+            rollouts_per_step=cfg.prompts_per_step * cfg.group_size,
+            train_s=round(self.meter.train_s, 4),
+            bookkeeping_s=round(self.meter.overhead_s, 4),
+            verify_s=round(self.meter.verify_s_per_rollout * cfg.prompts_per_step * cfg.group_size, 4),
+            publish_s=round(self.meter.publish_s, 4),
+            broadcast_s=round(self.meter.broadcast_s, 4),
+            cycle_s=round(sum(cycles) / len(cycles), 4) if cycles else 0.0,
+            supply_rps=round(sum(p.rate for p in active), 3),
+            cpu_s=round(self.meter.cpu_s, 4),
+            cores=self.cores,
+        )
 
     def forecast_check(self) -> dict:
         """How the capacity forecasts of this run fared (status, metrics)."""

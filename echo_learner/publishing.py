@@ -5,7 +5,7 @@ later version is a delta against the newest base while the delta is at most
 ``max_update_ratio`` of the full weights; past that (the weights have drifted
 far), the full weights go out and become the new base. Training LoRA, the
 base is the frozen model, published once, and each version is its adapter.
-``protocol.updates`` defines the formats; nodes fetch a base once and then
+``protocol.models.updates`` defines the formats; nodes fetch a base once and then
 only updates. A LoRA base also goes out as a q8_0 GGUF (a *variant*), which
 llama.cpp q8_0 nodes fetch in its place: built by the exporter nodes use, so
 it is what they would make themselves, and deterministic, so its digest is
@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -24,25 +25,33 @@ import torch
 from echo_learner.lora import LoraSettings, adapter_bytes, state_bytes
 from protocol import manifest
 from protocol.broadcast.store import VersionStore
-from protocol.gguf_export import f32_tensors, write_gguf
 from protocol.identity import Identity
-from protocol.logs import event
 from protocol.messages import Manifest
-from protocol.updates import DELTA, FULL, LORA, Q8_GGUF, digest, encode_delta, merge_lora
+from protocol.models.gguf_export import f32_tensors, write_gguf
+from protocol.models.updates import DELTA, FULL, LORA, Q8_GGUF, digest, encode_delta, merge_lora
+from protocol.process.logs import event
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobManifestFields:
+    """What every manifest of the job carries besides its version and weights
+    (``protocol.manifest.build``'s arguments of the same names)."""
+
+    job_id: str
+    task: str  # the task's name
+    model_config: str  # the model's config, as JSON
+    tokenizer_digest: bytes
+    chunk_size: int  # bytes per chunk of a version's file
 
 
 class Publisher:
     def __init__(
         self,
         identity: Identity,
+        job: JobManifestFields,
         *,
-        job_id: str,
-        task: str,
-        model_config: str,
-        tokenizer_digest: bytes,
-        chunk_size: int,
         max_update_ratio: float,
         lora: LoraSettings | None = None,
         frozen_base: bytes | None = None,
@@ -52,13 +61,7 @@ class Publisher:
         if (lora is None) != (frozen_base is None):
             raise ValueError("a LoRA publisher needs the frozen base weights, and only it")
         self.identity = identity
-        self.common = dict(
-            job_id=job_id,
-            task=task,
-            model_config=model_config,
-            tokenizer_digest=tokenizer_digest,
-            chunk_size=chunk_size,
-        )
+        self.common = asdict(job)
         self.max_update_ratio = max_update_ratio
         self.lora = lora
         self.frozen_base = frozen_base

@@ -42,29 +42,29 @@ from echo_learner.model import config_json, describe, load_model, render_prompt,
 from echo_learner.pacing import Pacing
 from echo_learner.peers import PeerBook
 from echo_learner.pool import PromptPool
-from echo_learner.publishing import Publisher
+from echo_learner.publishing import JobManifestFields, Publisher
 from echo_learner.receipt_pages import PageBudget, ReceiptPages
 from echo_learner.tasks.base import Task, TaskPrompt
 from echo_learner.tasks.registry import load_task
 from echo_learner.train_group import TrainGroup, check_train_procs
 from echo_learner.trainer import Objective, StepStats, Trainer
-from echo_learner.verify import Limits, Policies
+from echo_learner.verify import Limits, Policies, Verifier
 from protocol import codec
 from protocol.broadcast import bitfield
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
 from protocol.broadcast.serving import manifest_digest
 from protocol.broadcast.store import VersionStore
-from protocol.conngate import PeerBans
-from protocol.files import write_atomic
-from protocol.host import full_addrs, keep_connection, release_connection
 from protocol.identity import Identity
-from protocol.lan import discover_lan
-from protocol.logs import event
 from protocol.messages import MAX_PROMPT_TOKENS, ErrorReply, Manifest
-from protocol.progress import progress
+from protocol.net.conngate import PeerBans
+from protocol.net.host import full_addrs, keep_connection, release_connection
+from protocol.net.lan import discover_lan
+from protocol.net.swarm import Swarm, connect_bootstrap, open_swarm
+from protocol.process.files import write_atomic
+from protocol.process.logs import event
+from protocol.process.progress import progress
+from protocol.process.runtime import task_count
 from protocol.rpc import Handler, remote_peer, serve
-from protocol.runtime import task_count
-from protocol.swarm import Swarm, connect_bootstrap, open_swarm
 from protocol.wire import receipts, rollout, work
 from protocol.wire.have import Have
 
@@ -140,11 +140,13 @@ class Learner:
         self.trainer: Trainer | TrainGroup | None = None
         self.publisher = Publisher(
             identity,
-            job_id=self.job_id,
-            task=self.task.name,
-            model_config=config_json(self.model),
-            tokenizer_digest=tokenizer_digest(self.tokenizer),
-            chunk_size=config.chunk_size,
+            JobManifestFields(
+                job_id=self.job_id,
+                task=self.task.name,
+                model_config=config_json(self.model),
+                tokenizer_digest=tokenizer_digest(self.tokenizer),
+                chunk_size=config.chunk_size,
+            ),
             max_update_ratio=config.max_update_ratio,
             lora=self.lora,
             frozen_base=frozen_base,
@@ -176,14 +178,9 @@ class Learner:
         self.started = time.time()
         self.history: deque[dict] = deque(maxlen=HISTORY_STEPS)
         self.pacing = Pacing(config, self.meter, self.peers)
-        self.ingest = Ingest(
+        self.verifier = Verifier(
             config,
-            identity,
-            job_id=self.job_id,
-            task=self.task,
-            decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
-            pad_id=self.tokenizer.pad_token_id,
-            limits=Limits(
+            Limits(
                 job_id=self.job_id,
                 vocab_size=self.model.config.vocab_size,
                 group_size=config.group_size,
@@ -196,9 +193,17 @@ class Learner:
             pool=self.pool,
             policies=self.policies,
             ledger=self.ledger,
-            peers=self.peers,
             meter=self.meter,
+            pad_id=self.tokenizer.pad_token_id,
             current_version=lambda: self.version,
+        )
+        self.ingest = Ingest(
+            config,
+            identity,
+            verifier=self.verifier,
+            task=self.task,
+            decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+            peers=self.peers,
         )
         self.receipt_pages = ReceiptPages(
             self.ledger,
@@ -311,7 +316,7 @@ class Learner:
                 await self._publish_variants()
                 await nursery.start(self.engine.run)
                 nursery.start_soon(self.heldout.run)
-                nursery.start_soon(self.ingest.recomputer.run)
+                nursery.start_soon(self.verifier.recomputer.run)
                 nursery.start_soon(self.ingest.lag.run)
                 nursery.start_soon(self.pacing.check_forecasts)
                 api_url = await nursery.start(serve_api, self, cfg.status_host, cfg.status_port, cfg.status_token)
@@ -464,7 +469,7 @@ class Learner:
             "refusals": dict(c.refused),  # since this start (the ledger keeps them all)
             "contributors": len(self.ingest.contributors),
             "utilization": round(self.meter.utilization(), 4),
-            "capacity": inputs,
+            "capacity": inputs.to_json(),
             "predicted_utilization": round(self.pacing.outlook(inputs).utilization, 4),
             **self.pacing.forecast_check(),
         }
@@ -611,7 +616,7 @@ class Learner:
             "peers": len(self.peers.active(within_s=cfg.capacity_window_s)),
             "banned_connections_refused": self.bans.refused,
             "utilization": round(self.meter.utilization(), 4),
-            "measurements": inputs,
+            "measurements": inputs.to_json(),
             "capacity": {**self.pacing.outlook(inputs).to_json(), **self.pacing.forecast_check()},
             "broadcast": self._broadcast_status(),
             "bootstrap": self.bootstrap_probe.to_json() if self.bootstrap_probe else [],

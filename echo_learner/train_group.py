@@ -39,7 +39,7 @@ from safetensors.torch import save as save_tensors
 from echo_learner.lora import frozen_copy
 from echo_learner.train_worker import AUTHKEY_ENV
 from echo_learner.trainer import ScoredGroup, StepStats
-from protocol.logs import event
+from protocol.process.logs import event
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Rollout verification: every batch is checked before it is trained on or credited.
 
 The checks run in a fixed order, cheapest and most telling first, and the
-first failure is the receipt's reason (``verify_batch`` runs them all):
+first failure is the receipt's reason (``Verifier.judge`` runs them all):
 
     size and schema (the codec, before this module) -> sender not banned
     -> signature -> job id -> a backend, dtype and device we support -> prompts
@@ -21,17 +21,23 @@ import logging
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from echo_learner.cpu_split import CpuSplit
 from echo_learner.pool import PromptPool
-from echo_learner.recompute import LogprobError, Recomputer
+from echo_learner.recompute import LogprobError, Pass, Recomputer
 from echo_learner.tolerance import Tolerance, tolerance
 from protocol.errors import SignatureError
 from protocol.identity import verify
-from protocol.logs import event
+from protocol.process.logs import event
 from protocol.wire.rollout import MALFORMED, RolloutBatch
+
+if TYPE_CHECKING:
+    from echo_learner.capacity import CapacityMeter
+    from echo_learner.config import LearnerConfig
+    from echo_learner.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +91,7 @@ class Limits:
     max_logit_bytes: int = 2**30
     # The sampling temperature nodes are told: log-probs are recomputed at it.
     temperature: float = 1.0
-    # The model's family (protocol.families): some widen a backend's bounds.
+    # The model's family (protocol.models.families): some widen a backend's bounds.
     family: str = "llama"
 
 
@@ -100,65 +106,106 @@ class Window:
         return self.lo <= version <= self.hi
 
 
-async def verify_batch(
-    batch: RolloutBatch,
-    sender: str,
-    *,
-    banned: bool,
-    pool: PromptPool,
-    window: Callable[[], Window],
-    nonce_accepted: Callable[[bytes], bool],
-    limits: Limits,
-    recomputer: Recomputer,
-    in_flight: set[tuple[str, bytes]],
-    cpu: CpuSplit,
-) -> str | None:
-    """Every check of ``batch`` sent by ``sender``, in order: the first
-    failure's reason, or None if the batch is accepted.
+class Verifier:
+    """Judges rollout batches (``judge``), holding what the checks read: the
+    job's limits, the prompt pool (who holds which prompt), the ledger
+    (nonces accepted before), the policy versions still held and the queue
+    of log-prob recomputes over them.
 
-    The log-prob recompute takes a while (``recomputer`` runs it in a worker
-    thread, with other batches of the same version) and the assignments may
-    change meanwhile: they are checked again after it. ``in_flight`` holds the
-    (sender, nonce) of batches being recomputed now, so that a copy sent
-    meanwhile counts as replayed.
+    It owns that queue (``recomputer``: the learner's nursery runs
+    ``recomputer.run``) and the learner's CPU split by phase (``cpu``), since
+    most of what a batch costs the learner is spent here.
     """
-    if banned:
-        return BANNED
-    key = (sender, batch.nonce)
 
-    def nonce_seen(nonce: bytes) -> bool:
-        return key in in_flight or nonce_accepted(nonce)
-
-    reason = check_batch(batch, sender, pool, window(), nonce_seen, limits, cpu)
-    if reason is not None:
-        return reason
-    prompts = [pool.lookup(g.prompt_id).tokens for g in batch.groups]  # type: ignore[union-attr]
-    in_flight.add(key)
-    try:
-        error = await recomputer.error(batch.version, prompts, batch)
-    finally:
-        in_flight.discard(key)
-    if error is None:  # the version was dropped while the batch waited
-        return OUT_OF_WINDOW
-    allowed = tolerance(batch.backend, batch.dtype, batch.device, limits.family)
-    assert allowed is not None, "check_batch refuses unsupported combinations"
-    reason = check_logprobs(error, allowed)
-    if reason is not None:
-        event(
-            log,
-            logging.INFO,
-            "log-prob check failed",
-            peer=sender,
-            reason=reason,
-            backend=batch.backend,
-            dtype=batch.dtype,
-            device=batch.device,
-            worst=f"{error.worst:.3g}",
-            mean=f"{error.mean:.3g}",
-            surprise_z=f"{error.surprise_z:.2f}",
+    def __init__(
+        self,
+        config: LearnerConfig,
+        limits: Limits,
+        *,
+        pool: PromptPool,
+        policies: Policies,
+        ledger: Ledger,
+        meter: CapacityMeter,
+        pad_id: int,
+        current_version: Callable[[], int],
+    ):
+        self.limits = limits
+        self.pool = pool
+        self.policies = policies
+        self.ledger = ledger
+        self.meter = meter
+        self.current_version = current_version
+        self.staleness = config.window
+        self.cpu = CpuSplit()
+        self.recomputer = Recomputer(
+            policies.get,
+            pad_id=pad_id,
+            max_logit_bytes=limits.max_logit_bytes,
+            temperature=limits.temperature,
+            max_batches=config.verify_batch,
+            max_tokens=config.verify_pass_tokens,
+            on_pass=self._recomputed,
         )
-        return reason
-    return recheck(batch, sender, pool)
+        # (sender, nonce) of the batches in their log-prob check now: a copy
+        # sent meanwhile must not pass the replay check.
+        self._in_flight: set[tuple[str, bytes]] = set()
+
+    def window(self) -> Window:
+        """Versions a rollout may be made with now: the staleness window, within
+        the versions this learner still holds (a resumed learner holds fewer)."""
+        version = self.current_version()
+        held = min(self.policies.models, default=version)
+        return Window(max(version - self.staleness, held), version)
+
+    async def judge(self, batch: RolloutBatch, sender: str, *, banned: bool) -> str | None:
+        """Every check of ``batch`` sent by ``sender`` (``banned`` now or not),
+        in order: the first failure's reason, or None if the batch is accepted.
+
+        The log-prob recompute takes a while (the recomputer runs it in a
+        worker thread, with other batches of the same version) and the
+        assignments may change meanwhile: they are checked again after it.
+        """
+        if banned:
+            return BANNED
+        key = (sender, batch.nonce)
+
+        def nonce_seen(nonce: bytes) -> bool:
+            return key in self._in_flight or self.ledger.nonce_accepted(sender, nonce)
+
+        reason = check_batch(batch, sender, self.pool, self.window(), nonce_seen, self.limits, self.cpu)
+        if reason is not None:
+            return reason
+        prompts = [self.pool.lookup(g.prompt_id).tokens for g in batch.groups]  # type: ignore[union-attr]
+        self._in_flight.add(key)
+        try:
+            error = await self.recomputer.error(batch.version, prompts, batch)
+        finally:
+            self._in_flight.discard(key)
+        if error is None:  # the version was dropped while the batch waited
+            return OUT_OF_WINDOW
+        allowed = tolerance(batch.backend, batch.dtype, batch.device, self.limits.family)
+        assert allowed is not None, "check_batch refuses unsupported combinations"
+        reason = check_logprobs(error, allowed)
+        if reason is not None:
+            event(
+                log,
+                logging.INFO,
+                "log-prob check failed",
+                peer=sender,
+                reason=reason,
+                backend=batch.backend,
+                dtype=batch.dtype,
+                device=batch.device,
+                worst=f"{error.worst:.3g}",
+                mean=f"{error.mean:.3g}",
+                surprise_z=f"{error.surprise_z:.2f}",
+            )
+            return reason
+        return recheck(batch, sender, self.pool)
+
+    def _recomputed(self, done: Pass) -> None:
+        self.cpu.add("recompute", done.cpu_s)
+        self.meter.on_verify(done.seconds, done.rollouts)
 
 
 def check_batch(

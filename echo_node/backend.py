@@ -79,7 +79,7 @@ class Backend(Protocol):
     auto_dtype: bool  # the node may set ``dtype`` to what fits (before the first prepare)
     device: Device  # where it generates
     # The variant of a base it runs in place of the base when the learner
-    # publishes one (``protocol.updates.VARIANTS``), or "".
+    # publishes one (``protocol.models.updates.VARIANTS``), or "".
     variant: str
 
     def prepare(self, config_json: str, weights: bytes, digest: bytes = b"", variant: str = "") -> Any: ...

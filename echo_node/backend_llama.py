@@ -29,10 +29,10 @@ from echo_node.backend import BackendSpec, Sample
 from echo_node.device import Device, cpu
 from echo_node.guard import ModelShape
 from echo_node.memory import Need
-from protocol import updates
-from protocol.files import write_atomic
-from protocol.gguf_export import f32_tensors, write_gguf
-from protocol.gguf_lora import write_lora_gguf
+from protocol.models import updates
+from protocol.models.gguf_export import f32_tensors, write_gguf
+from protocol.models.gguf_lora import write_lora_gguf
+from protocol.process.files import write_atomic
 
 if TYPE_CHECKING:
     from echo_node.llama_decode import Timing
@@ -218,7 +218,7 @@ class LlamaBackend:
         base_variant: str = "",
         limits: updates.UpdateLimits = updates.UpdateLimits(),
     ) -> Loaded:
-        """A LoRA version: its adapter (safetensors, ``protocol.updates``) as a
+        """A LoRA version: its adapter (safetensors, ``protocol.models.updates``) as a
         llama.cpp adapter on the base model, loaded once per base
         (``base_weights`` is called only then). 0.14 s a version for
         SmolLM2-135M where merging and exporting the whole model takes 1.2 s

@@ -13,8 +13,8 @@ from echo_node.backend import BackendSpec, Sample
 from echo_node.device import Device, cpu, torch_gpu_kinds
 from echo_node.guard import ModelShape
 from echo_node.memory import Need, kv_bytes_per_token
-from protocol import updates
-from protocol.families import family_of
+from protocol.models import updates
+from protocol.models.families import family_of
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from echo_node.config import NodeConfig, default_data_dir
-from protocol.config import Parser, add_arguments, fail, resolve_or_exit
+from protocol.process.config import Parser, add_arguments, fail, resolve_or_exit
 
 PROG = "echo-node"
 ENV_PREFIX = "ECHO_NODE"
@@ -238,7 +238,7 @@ def apply_invite(config: NodeConfig, text: str | None) -> tuple[NodeConfig, tupl
 
 
 def doctor(config: NodeConfig, learner_addrs: tuple[str, ...], *, as_json: bool, verbose: bool) -> None:
-    from protocol import logs
+    from protocol.process import logs
 
     logs.setup(verbose)
 
@@ -247,7 +247,7 @@ def doctor(config: NodeConfig, learner_addrs: tuple[str, ...], *, as_json: bool,
     import trio
 
     from echo_node.doctor import describe, diagnose, report
-    from protocol.host import BadMultiaddr, check_addrs
+    from protocol.net.host import BadMultiaddr, check_addrs
 
     try:
         check_addrs(config.listen, config.bootstrap)
@@ -261,7 +261,7 @@ def doctor(config: NodeConfig, learner_addrs: tuple[str, ...], *, as_json: bool,
 
 
 def list_jobs(config: NodeConfig, wait_s: float, *, as_json: bool, verbose: bool) -> None:
-    from protocol import logs
+    from protocol.process import logs
 
     logs.setup(verbose)
 
@@ -270,8 +270,8 @@ def list_jobs(config: NodeConfig, wait_s: float, *, as_json: bool, verbose: bool
     import trio
 
     from echo_node.jobs import look, print_jobs
-    from protocol.host import BadMultiaddr, check_addrs
-    from protocol.swarm import BootstrapUnreachable
+    from protocol.net.host import BadMultiaddr, check_addrs
+    from protocol.net.swarm import BootstrapUnreachable
 
     if wait_s < 0:
         fail(PROG, "--wait-s must be 0 or more")
@@ -302,7 +302,7 @@ def show_status(args: argparse.Namespace) -> None:
 
 
 def join(config: NodeConfig, learner_addrs: tuple[str, ...], *, verbose: bool) -> None:
-    from protocol import logs, malloc
+    from protocol.process import logs, malloc
 
     logs.setup(verbose)
     malloc.limit_arenas()  # before torch and trio start threads
@@ -313,11 +313,11 @@ def join(config: NodeConfig, learner_addrs: tuple[str, ...], *, verbose: bool) -
     from echo_node.guard import Refused
     from echo_node.learner_lookup import NoLearnerFound
     from echo_node.node import Node
-    from protocol.host import BadMultiaddr, check_addrs
     from protocol.identity import load_or_exit
     from protocol.messages import MAX_NAME
-    from protocol.runtime import run_until_signal
-    from protocol.swarm import BootstrapUnreachable
+    from protocol.net.host import BadMultiaddr, check_addrs
+    from protocol.net.swarm import BootstrapUnreachable
+    from protocol.process.runtime import run_until_signal
 
     if len(config.name) > MAX_NAME:
         fail(PROG, f"--name is {len(config.name)} characters; at most {MAX_NAME}")
@@ -349,66 +349,43 @@ def join(config: NodeConfig, learner_addrs: tuple[str, ...], *, verbose: bool) -
 
 
 def credits(config: NodeConfig, learner_addrs: tuple[str, ...], *, as_json: bool, verbose: bool) -> None:
-    from protocol import logs
+    from protocol.process import logs
 
     logs.setup(verbose)
 
     import json
-    from collections import Counter
 
-    from echo_node import status
+    from echo_node import receipts, status
     from echo_node.learner_lookup import NoLearnerFound
     from echo_node.node import Node
-    from protocol.host import BadMultiaddr, any_port
     from protocol.identity import load_or_exit
+    from protocol.net.host import BadMultiaddr, any_port
+    from protocol.net.swarm import BootstrapUnreachable
+    from protocol.process.runtime import run_until_signal
     from protocol.rpc import RequestFailed
-    from protocol.runtime import run_until_signal
-    from protocol.swarm import BootstrapUnreachable
 
     if not config.identity_path.exists():
         fail(PROG, f"no node identity at {config.identity_path}: this data dir never joined a job")
     identity = load_or_exit(PROG, config.identity_path)
     if status.running(config.status_path) is not None:
         # The node holds its port; the learner keeps the node's connection
-        # beside ours (protocol.host.keep_connection).
+        # beside ours (protocol.net.host.keep_connection).
         config = replace(config, listen=[any_port(addr) for addr in config.listen])
     node = Node(config, identity, learner_addrs=learner_addrs)
-    receipts = []
+    held = []
 
     async def main() -> None:
         async with node.joined():
-            receipts.extend(await node.fetch_receipts())
+            held.extend(await node.fetch_receipts())
 
     try:
         run_until_signal(main)
     except (BadMultiaddr, BootstrapUnreachable, NoLearnerFound, RequestFailed) as exc:
         fail(PROG, str(exc))
-    accepted = [r for r in receipts if r.verdict == "accepted"]
-    summary = {
-        "peer": identity.peer_id_str,
-        "job_id": node.job_id,
-        "learner": node.learner.to_base58() if node.learner else "",
-        "receipts": len(receipts),
-        "signatures_checked": len(receipts),
-        "accepted": len(accepted),
-        "refused": dict(Counter(r.reason for r in receipts if r.verdict == "refused")),
-        "tokens": sum(r.tokens for r in accepted),
-        "credit": sum(r.credit for r in accepted),
-    }
+    learner = node.learner.to_base58() if node.learner else ""
+    summary = receipts.credit_summary(held, peer=identity.peer_id_str, job_id=node.job_id, learner=learner)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
-        from protocol.tables import print_fields
-
-        refused = ", ".join(f"{k} {v}" for k, v in sorted(summary["refused"].items())) or "none"
-        print_fields(
-            [
-                ("node", summary["peer"]),
-                ("job", summary["job_id"]),
-                ("receipts", f"{summary['receipts']}, every learner signature valid"),
-                ("accepted", f"{summary['accepted']} batches, {summary['tokens']} tokens"),
-                ("credit", f"{summary['credit']:.0f}"),
-                ("refused", refused),
-            ]
-        )
+        receipts.print_credit_summary(summary)
     sys.exit(0)

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from echo_node.device import DEVICES
-from protocol.config import setting
-from protocol.connlimits import ConnectionSettings
-from protocol.update_limits import UpdateLimits
+from protocol.models.update_limits import UpdateLimits
+from protocol.net.connlimits import ConnectionSettings
+from protocol.process.config import setting
 
 
 def default_data_dir() -> Path:

@@ -12,7 +12,7 @@ is ok, what to do about it. In order:
   reachable   whether other peers can dial us (AutoNAT dial-backs)
   upnp        whether the home router forwards our port (UPnP-IGD)
   relay       behind NAT: a relay reservation on a bootstrap peer is granted
-  hole punch  a TCP hole punch against a public peer (protocol.probe)
+  hole punch  a TCP hole punch against a public peer (protocol.net.probe)
   memory      RAM the job's model needs against RAM available
   disk        disk its versions need against free disk in --data-dir
   upload      a two-second upload estimate to a bootstrap peer
@@ -38,13 +38,13 @@ from echo_node.config import NodeConfig
 from echo_node.device import Device, cpu
 from echo_node.guard import Refused, model_shape
 from echo_node.memory import GiB, choose_dtype, free_bytes, gib, load_need
-from protocol.host import any_port, parse_peer_addr
 from protocol.identity import Identity
-from protocol.probe import measure_upload, try_punch
-from protocol.reachability import PRIVATE, PUBLIC, check_reachability
+from protocol.net.host import any_port, parse_peer_addr
+from protocol.net.probe import measure_upload, try_punch
+from protocol.net.reachability import PRIVATE, PUBLIC, check_reachability
+from protocol.net.swarm import open_swarm, ping
+from protocol.net.upnp import PortMapper
 from protocol.rpc import route
-from protocol.swarm import open_swarm, ping
-from protocol.upnp import PortMapper
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 

@@ -25,7 +25,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.families import UnsupportedModel, context_length, family_of, wire_dtype
+from protocol.models.families import UnsupportedModel, context_length, family_of, wire_dtype
 from protocol.wire.work import WorkAssignment
 
 # Below this, softmax(logits / T) underflows to a one-hot in float64 for
@@ -152,7 +152,7 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     context: int
-    wire_bytes: int = 4  # a published weight's bytes: the model's own dtype (protocol.families.wire_dtype)
+    wire_bytes: int = 4  # a published weight's bytes: the model's own dtype (protocol.models.families.wire_dtype)
 
 
 def model_shape(config_json: str) -> ModelShape:
@@ -178,12 +178,12 @@ def model_shape(config_json: str) -> ModelShape:
     per_layer = attention + 3 * hidden * inter + 2 * hidden  # + gate, up, down and two norms
     embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", False) else 2)
     return ModelShape(
-        embeddings + layers * per_layer + hidden,
-        vocab,
-        layers,
-        kv_heads,
-        head_dim,
-        context,
+        parameters=embeddings + layers * per_layer + hidden,
+        vocab=vocab,
+        layers=layers,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        context=context,
         wire_bytes=4 if wire_dtype(config) == "f32" else 2,
     )
 

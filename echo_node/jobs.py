@@ -26,10 +26,10 @@ from libp2p.peer.peerinfo import PeerInfo
 from echo_node.config import NodeConfig
 from echo_node.guard import DoesNotFit, Refused, model_shape
 from protocol.ids import JOB_DIRECTORY_KEY, manifest_keys, swarm_key
-from protocol.logs import event
 from protocol.messages import Manifest
-from protocol.records import InvalidRecord, decode_record
-from protocol.swarm import Swarm, find_providers
+from protocol.net.records import InvalidRecord, decode_record
+from protocol.net.swarm import Swarm, find_providers
+from protocol.process.logs import event
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def describe_choice(jobs: list[Job]) -> str:
 
 
 def print_jobs(jobs: list[Job]) -> None:
-    from protocol.tables import print_table
+    from protocol.process.tables import print_table
 
     def row(j: Job) -> tuple:
         r = j.record
@@ -180,10 +180,10 @@ async def look(config: NodeConfig, patience_s: float) -> list[Job]:
     """Join the swarm under a throwaway identity (a node running with this
     data dir keeps its own peer id and port) and list the job directory;
     while it lists none, look again every ``retry_s`` for up to ``patience_s``."""
-    from protocol.host import any_port
     from protocol.identity import Identity
-    from protocol.lan import discover_lan
-    from protocol.swarm import connect_bootstrap, open_swarm
+    from protocol.net.host import any_port
+    from protocol.net.lan import discover_lan
+    from protocol.net.swarm import connect_bootstrap, open_swarm
 
     listen = [any_port(addr) for addr in config.listen]
     async with open_swarm(Identity.generate(), listen, server=True) as swarm, trio.open_nursery() as nursery:

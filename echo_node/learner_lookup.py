@@ -3,7 +3,7 @@
 A learner names itself as a provider of the job directory key and keeps its
 newest signed manifest under its manifest keys (``echo_learner.directory``).
 A node reads that record to learn the job; the record's signature is checked
-against the learner's peer id (``protocol.records``), and Noise proves who
+against the learner's peer id (``protocol.net.records``), and Noise proves who
 answers at the address. A learner nobody named is taken only when its job is
 the one job that checks out (``echo_node.jobs``): anyone can announce one.
 """
@@ -24,11 +24,11 @@ from libp2p.peer.peerstore import PERMANENT_ADDR_TTL
 from echo_node.config import NodeConfig
 from echo_node.guard import DoesNotFit
 from echo_node.jobs import Job, JobCheck, check_model, describe_choice, list_jobs, log_skipped, read_job
-from protocol.host import parse_multiaddr
 from protocol.ids import JOB_DIRECTORY_KEY
-from protocol.logs import event
 from protocol.messages import Manifest
-from protocol.swarm import Swarm, find_providers
+from protocol.net.host import parse_multiaddr
+from protocol.net.swarm import Swarm, find_providers
+from protocol.process.logs import event
 
 log = logging.getLogger(__name__)
 

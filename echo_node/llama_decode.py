@@ -190,7 +190,8 @@ class Generation:
             self._waiting.popleft()
             self._cells += need
             group = [
-                _Sequence(p, m, self._free_slots.pop(), len(prompt) - 1, prompt[-1]) for m in range(self.group_size)
+                _Sequence(prompt=p, member=m, slot=self._free_slots.pop(), pos=len(prompt) - 1, next_token=prompt[-1])
+                for m in range(self.group_size)
             ]
             for s in group:
                 self._attach(s)

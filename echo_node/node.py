@@ -6,8 +6,9 @@ three stages as a pipeline, so the backend never waits on the
 network: ask for work (if the version we hold is older than the assignment
 allows, fetch the one it names; else keep working and fetch it in the
 background) -> generate (in a worker thread) and sign -> deliver the batch and
-check the signed receipt. A learner that does not answer is retried after a
-pause; Ctrl-C cancels the stages and the host closes its connections.
+check the signed receipt. A learner that does not answer is asked again after
+a pause (``echo_node.asking``); beside the stages, ``echo_node.reachability``
+keeps this node dialable. Ctrl-C cancels them and the host closes its connections.
 """
 
 from __future__ import annotations
@@ -24,40 +25,30 @@ import trio
 from libp2p.peer.id import ID
 
 from echo_node import receipts, status
+from echo_node.asking import ask_once, keep_asking
 from echo_node.backend import Backend, generate_in_calls
 from echo_node.config import NodeConfig
 from echo_node.guard import Refused, check_assignment
 from echo_node.jobs import check_model
 from echo_node.learner_lookup import find_learner, relocate_learner
 from echo_node.memory import GiB, free_bytes, prompts_per_call
+from echo_node.reachability import ReachabilityWatch
 from echo_node.weights import Weights
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine, VersionTooLarge
 from protocol.broadcast.store import VersionStore
 from protocol.errors import ProtocolError
-from protocol.host import parse_peer_addr
 from protocol.identity import Identity
-from protocol.ids import RELAY_DIRECTORY_KEY
-from protocol.lan import discover_lan
-from protocol.logs import event
 from protocol.messages import UNSIGNED, ErrorReply, Manifest
-from protocol.reachability import PRIVATE, PUBLIC, Reachability, check_reachability
+from protocol.net.lan import discover_lan
+from protocol.net.reachability import Reachability
+from protocol.net.swarm import Swarm, connect_bootstrap, open_swarm
+from protocol.process.logs import event
 from protocol.rpc import RequestFailed, request
-from protocol.swarm import (
-    Swarm,
-    advertise_dialled,
-    announce,
-    connect_bootstrap,
-    open_swarm,
-)
-from protocol.wire import rollout, work
+from protocol.wire import rollout
 from protocol.wire.rollout import Completion, Receipt, RolloutBatch, RolloutGroup
-from protocol.wire.work import NoWork, WorkAssignment, WorkRequest
+from protocol.wire.work import WorkAssignment, WorkRequest
 
 log = logging.getLogger(__name__)
-
-
-class WorkRefused(RequestFailed):
-    """The learner answered a work request with an error (banned, too many requests)."""
 
 
 class Node:
@@ -75,7 +66,7 @@ class Node:
         self.me = identity.peer_id_str
         self.backend = backend
         self.learner_addrs = learner_addrs
-        self.reachability = Reachability()
+        self.reachability_watch = ReachabilityWatch(config)
         self.swarm: Swarm | None = None
         self.engine: BroadcastEngine | None = None
         self.learner: ID | None = None
@@ -94,6 +85,11 @@ class Node:
     def version(self) -> int:
         """The policy version this node generates with (-1: none yet)."""
         return self.weights.version if self.weights is not None else -1
+
+    @property
+    def reachability(self) -> Reachability:
+        """Whether other peers can dial this node, as last checked."""
+        return self.reachability_watch.current
 
     @asynccontextmanager
     async def joined(self) -> AsyncIterator[Swarm]:
@@ -122,25 +118,6 @@ class Node:
                 yield swarm
             finally:
                 nursery.cancel_scope.cancel()
-
-    async def _watch_reachability(self) -> None:
-        """Ask the bootstrap peers and the learner to dial us back, now and every
-        ``reachability_every_s``; log when the answer changes."""
-        assert self.swarm is not None and self.learner is not None
-        servers = [parse_peer_addr(a).peer_id for a in self.config.bootstrap] + [self.learner]
-        while True:
-            found = await check_reachability(self.swarm.host, servers, self.config.request_timeout_s)
-            if found.status != self.reachability.status:
-                event(log, logging.WARNING, f"reachability: {found.describe()}", answers=found.answers)
-            self.reachability = found
-            advertise_dialled(self.swarm, found)
-            # Behind NAT, a relay reservation makes us reachable to other
-            # peers; a public node that relays tells them where it is.
-            assert self.swarm.relay is not None
-            self.swarm.relay.want(found.status == PRIVATE)
-            if found.status == PUBLIC and self.config.relay:
-                await announce(self.swarm, RELAY_DIRECTORY_KEY, self.config.request_timeout_s)
-            await trio.sleep(self.config.reachability_every_s)
 
     @asynccontextmanager
     async def following(self) -> AsyncIterator[Swarm]:
@@ -181,7 +158,7 @@ class Node:
             assert self.learner is not None
             assert swarm.relay is not None
             await nursery.start(swarm.relay.run)
-            nursery.start_soon(self._watch_reachability)
+            nursery.start_soon(self.reachability_watch.run, swarm, self.learner)
             nursery.start_soon(status.keep_written, self, cfg.status_path)
             # Three stages, each its own task, so the backend never waits on the
             # network: fetch work -> generate and sign -> deliver. The generator
@@ -193,58 +170,7 @@ class Node:
             nursery.start_soon(self._generate, work_out, wants_in)
             nursery.start_soon(self._deliver_all, batches_out)
             task_status.started((self.learner, self.job_id))
-            await self._fetch_work(wants_out, work_in)
-
-    async def _fetch_work(
-        self, wants: trio.MemoryReceiveChannel[None], assignments: trio.MemorySendChannel[WorkAssignment]
-    ) -> None:
-        """One assignment per request from the generator."""
-        failures = refused = denied = 0
-        async for _ in wants:
-            assignment = None
-            while assignment is None:
-                try:
-                    assignment = await self.request_work()
-                except (Refused, VersionTooLarge) as exc:
-                    # The learner asked for something this node will not run:
-                    # say so (the first time, then every 100th) and ask again later.
-                    refused += 1
-                    if refused == 1 or refused % 100 == 0:
-                        event(log, logging.WARNING, "refused what the learner asked for", reason=exc, times=refused)
-                    await trio.sleep(self._backoff_s(refused))
-                    continue
-                except WorkRefused as exc:
-                    # It answers, so it is not lost: it will not give us work
-                    # (banned, or too many requests), for now.
-                    denied += 1
-                    if denied == 1 or denied % 100 == 0:
-                        event(log, logging.WARNING, "the learner refuses this node work", reason=exc, times=denied)
-                    await trio.sleep(self._backoff_s(denied))
-                    continue
-                except (RequestFailed, ProtocolError) as exc:
-                    failures += 1
-                    # One failure is often a dropped connection to a learner
-                    # still there, redialled on the next try (relocate pins its
-                    # addresses); only the second calls the learner lost.
-                    if failures == 1:
-                        event(log, logging.INFO, "request to the learner failed; retrying", error=exc)
-                    elif failures == 2:
-                        event(log, logging.WARNING, "lost the learner; retrying", error=exc)
-                    # Exponential backoff for a learner that may be restarting
-                    # or gone, not synchronisation.
-                    await trio.sleep(self._backoff_s(failures))
-                    self._learner_at = await relocate_learner(
-                        self.swarm, self.learner, self._learner_at, self.config.request_timeout_s
-                    )
-                    continue
-                if failures > 1:
-                    event(log, logging.WARNING, "learner is back", after_failures=failures)
-                failures = denied = 0
-            await assignments.send(assignment)
-
-    def _backoff_s(self, tries: int) -> float:
-        """The pause before try ``tries + 1``: doubling from retry_s up to max_retry_s."""
-        return min(self.config.retry_s * 2 ** min(tries - 1, 10), self.config.max_retry_s)
+            await keep_asking(wants_out, work_in, ask=self.request_work, relocate=self._relocate, config=cfg)
 
     async def _generate(
         self, assignments: trio.MemoryReceiveChannel[WorkAssignment], wants: trio.MemorySendChannel[None]
@@ -290,6 +216,13 @@ class Node:
         self.learner, self.record, self.job_id = found.peer, found.record, found.record.job_id
         self._learner_at = found.addrs
 
+    async def _relocate(self) -> None:
+        """Look for the learner again where it may have moved (after a failed request)."""
+        assert self.swarm is not None and self.learner is not None
+        self._learner_at = await relocate_learner(
+            self.swarm, self.learner, self._learner_at, self.config.request_timeout_s
+        )
+
     async def _delay(self) -> None:
         """Emulated wide-area latency before a learner message (benchmarks only)."""
         if self.config.emulate_delay_ms:
@@ -301,32 +234,26 @@ class Node:
         None when it has no work now (after waiting as long as it asked)."""
         assert self.swarm is not None and self.learner is not None and self.backend is not None
         assert self.weights is not None
-        host, cfg = self.swarm.host, self.config
+        cfg = self.config
         if self.version < 0:
             # Weights before work: an assignment taken first would wait out
             # the whole download (minutes for a big model) and could expire.
             await self.weights.update(0)
         await self._delay()
         ask = WorkRequest(
-            self.job_id,
-            cfg.max_prompts,
-            self.version,
-            self.backend.name,
-            self.backend.dtype,
-            cfg.name,
-            self.reachability.status,
-            self.backend.device.kind,
-            self._free() // 2**20,
-            round(self.tokens_per_s, 1),
+            job_id=self.job_id,
+            max_prompts=cfg.max_prompts,
+            held_version=self.version,
+            backend=self.backend.name,
+            dtype=self.backend.dtype,
+            name=cfg.name,
+            reachability=self.reachability.status,
+            device=self.backend.device.kind,
+            memory_mib=self._free() // 2**20,
+            tokens_per_s=round(self.tokens_per_s, 1),
         )
-        reply = await request(
-            host, self.learner, work.PROTOCOL, lambda stream: work.ask(stream, ask), timeout_s=cfg.work_timeout_s
-        )
-        if isinstance(reply, ErrorReply):
-            raise WorkRefused(f"{reply.code}: {reply.message}")
-        if isinstance(reply, NoWork):
-            if reply.retry_after_ms:
-                await trio.sleep(reply.retry_after_ms / 1000)
+        reply = await ask_once(self.swarm.host, self.learner, ask, cfg.work_timeout_s)
+        if reply is None:
             return None
         self.weights.named(reply.version)
         prompt_ids = [p.prompt_id for p in reply.prompts]

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import trio
 from libp2p.peer.id import ID
@@ -20,8 +22,8 @@ from protocol import codec
 from protocol.errors import SignatureError
 from protocol.identity import verify
 from protocol.messages import ErrorReply
+from protocol.net.swarm import Swarm
 from protocol.rpc import RequestFailed, request
-from protocol.swarm import Swarm
 from protocol.wire import receipts
 from protocol.wire.receipts import ReceiptQuery
 from protocol.wire.rollout import Receipt, RolloutBatch
@@ -93,3 +95,36 @@ def save_receipt(path: Path, receipt: Receipt, max_mb: float) -> None:
         os.replace(path, path.with_name(path.name + ".1"))
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
+
+
+def credit_summary(held: list[Receipt], *, peer: str, job_id: str, learner: str) -> dict[str, Any]:
+    """What ``echo-node credits`` reports of the receipts ``fetch_all`` found
+    (each signature checked there): the verdicts, the tokens and the credit."""
+    accepted = [r for r in held if r.verdict == "accepted"]
+    return {
+        "peer": peer,
+        "job_id": job_id,
+        "learner": learner,
+        "receipts": len(held),
+        "signatures_checked": len(held),
+        "accepted": len(accepted),
+        "refused": dict(Counter(r.reason for r in held if r.verdict == "refused")),
+        "tokens": sum(r.tokens for r in accepted),
+        "credit": sum(r.credit for r in accepted),
+    }
+
+
+def print_credit_summary(summary: dict[str, Any]) -> None:
+    from protocol.process.tables import print_fields
+
+    refused = ", ".join(f"{k} {v}" for k, v in sorted(summary["refused"].items())) or "none"
+    print_fields(
+        [
+            ("node", summary["peer"]),
+            ("job", summary["job_id"]),
+            ("receipts", f"{summary['receipts']}, every learner signature valid"),
+            ("accepted", f"{summary['accepted']} batches, {summary['tokens']} tokens"),
+            ("credit", f"{summary['credit']:.0f}"),
+            ("refused", refused),
+        ]
+    )

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol.files import write_atomic
+from protocol.process.files import write_atomic
 
 UNIT = "echo-node.service"
 LABEL = "net.echoswarm.node"

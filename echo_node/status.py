@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 from libp2p.peer.id import ID
 
-from protocol.dial import current_route
-from protocol.files import write_atomic
-from protocol.host import full_addrs
-from protocol.runtime import task_count
+from protocol.net.dial import current_route
+from protocol.net.host import full_addrs
+from protocol.process.files import write_atomic
+from protocol.process.runtime import task_count
 
 if TYPE_CHECKING:
     from echo_node.backend import Backend
     from protocol.broadcast.engine import BroadcastEngine
-    from protocol.reachability import Reachability
-    from protocol.swarm import Swarm
+    from protocol.net.reachability import Reachability
+    from protocol.net.swarm import Swarm
 
 
 class Node(Protocol):

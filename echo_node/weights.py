@@ -21,14 +21,14 @@ from echo_node.backend import Backend
 from echo_node.config import NodeConfig
 from echo_node.guard import DoesNotFit, ModelLimits, ModelShape, Refused, check_version, model_shape
 from echo_node.memory import choose_dtype, fit_backend, gib, load_need
-from protocol import updates
 from protocol.broadcast.engine import BroadcastEngine, VersionTooLarge
 from protocol.errors import ProtocolError
-from protocol.logs import event
 from protocol.messages import Manifest
-from protocol.progress import progress
+from protocol.models import updates
+from protocol.models.updates import UpdateRefused
+from protocol.process.logs import event
+from protocol.process.progress import progress
 from protocol.rpc import RequestFailed
-from protocol.updates import UpdateRefused
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ class Weights:
         node's ``UpdateLimits``): a LoRA version from its adapter and
         the base the backend holds (llama.cpp: as an adapter; torch: merged
         into a model), a variant as it is, any other rebuilt into full
-        weights (protocol.updates)."""
+        weights (protocol.models.updates)."""
         assert self.engine is not None
         store, m = self.engine.store, self.engine.store.manifests[version]
         prepare_lora = getattr(self.backend, "prepare_lora", None)

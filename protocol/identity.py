@@ -25,7 +25,7 @@ from libp2p.peer.id import ID
 
 from protocol.codec import canonical_bytes
 from protocol.errors import SignatureError
-from protocol.files import write_atomic
+from protocol.process.files import write_atomic
 
 T = TypeVar("T")
 
@@ -73,7 +73,7 @@ def load_or_create(path: Path) -> Identity:
 
 def load_or_exit(prog: str, path: Path) -> Identity:
     """``load_or_create``, reporting a bad key file in one line and exiting 2."""
-    from protocol.config import fail
+    from protocol.process.config import fail
 
     try:
         return load_or_create(path)

@@ -1,5 +1,5 @@
 """DHT keys and namespaces. (Stream protocol ids live with their protocols:
-``protocol.wire``, ``protocol.probe``.)"""
+``protocol.wire``, ``protocol.net.probe``.)"""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import base64
 import hashlib
 
 # DHT namespace of our records; bootstrap peers and everyone else register a
-# validator for it (protocol.records) so forged records are refused.
+# validator for it (protocol.net.records) so forged records are refused.
 DHT_NAMESPACE = "echo-swarm"
 
 # Learners announce themselves as providers of this key; nodes look it up to

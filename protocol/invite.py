@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 from protocol import codec
 from protocol.errors import ProtocolError
-from protocol.host import BadMultiaddr, parse_multiaddr, parse_peer_addr
 from protocol.identity import Identity, verify
 from protocol.messages import UNSIGNED, Invite
+from protocol.net.host import BadMultiaddr, parse_multiaddr, parse_peer_addr
 
 PREFIX = "echo1:"
 

@@ -3,7 +3,8 @@ them (for the codec's tests and the fuzzer)."""
 
 from __future__ import annotations
 
-from protocol import messages, probe
+from protocol import messages
+from protocol.net import probe
 from protocol.wire import chunk, have, receipts, rollout, work
 
 EVERY_KIND: tuple[type, ...] = (

@@ -10,7 +10,7 @@ from protocol import codec
 from protocol.errors import ChunkHashMismatch, DecodeError
 from protocol.identity import Identity, verify
 from protocol.messages import MAX_CHUNKS, UNSIGNED, Manifest
-from protocol.updates import FULL, LORA, VARIANTS
+from protocol.models.updates import FULL, LORA, VARIANTS
 
 DEFAULT_CHUNK_SIZE = 1024 * 1024
 
@@ -50,7 +50,7 @@ def build(
 ) -> tuple[Manifest, list[bytes]]:
     """Chunk ``weights`` (safetensors bytes) and sign a manifest for them; with
     ``update``, chunk its payload instead (a delta or adapter against a base,
-    see ``protocol.updates``) and sign ``weights``' digest as what it rebuilds."""
+    see ``protocol.models.updates``) and sign ``weights``' digest as what it rebuilds."""
     payload = weights if update is None else update.payload
     chunks = split(payload, chunk_size)
     if len(chunks) > MAX_CHUNKS:
@@ -79,7 +79,7 @@ def build(
 
 def build_variant(identity: Identity, base: Manifest, fmt: str, data: bytes) -> tuple[Manifest, list[bytes]]:
     """Chunk ``data``, ``base``'s weights in the variant format ``fmt`` (e.g. a
-    q8_0 GGUF, ``protocol.updates``), and sign a manifest for it: the same
+    q8_0 GGUF, ``protocol.models.updates``), and sign a manifest for it: the same
     version, naming ``base`` by its digest."""
     if fmt not in VARIANTS or base.format != FULL:
         raise ValueError(f"a {fmt} variant of a {base.format} version")

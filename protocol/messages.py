@@ -45,7 +45,7 @@ TOKEN = Int(0, MAX_TOKEN_ID)
 BACKEND = Str(16)
 DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_1")
 VERDICTS = ("accepted", "refused")
-# Whether a node can be dialled from outside (protocol.reachability, AutoNAT).
+# Whether a node can be dialled from outside (protocol.net.reachability, AutoNAT).
 REACHABILITY = ("unknown", "public", "private")
 # Where a node generates (echo_node.device).
 DEVICE_KINDS = ("cpu", "cuda", "mps", "vulkan")
@@ -69,7 +69,7 @@ class Manifest:
     # Hugging Face config.json of the model, as JSON text.
     model_config: str = field(metadata=check(Str(16_384)))
     tokenizer_digest: bytes = field(metadata=check(SHA256))
-    # What the chunks hold (protocol.updates): "safetensors" (full weights),
+    # What the chunks hold (protocol.models.updates): "safetensors" (full weights),
     # "delta" or "lora" (an update against base_version, named by the digest
     # of its manifest), or "gguf_q8_0" (a variant: base_version's weights,
     # version == base_version, as a llama.cpp q8_0 GGUF). weights_digest:

@@ -18,7 +18,7 @@ from libp2p.network.stream.exceptions import StreamError
 from libp2p.peer.id import ID
 
 from protocol.errors import ProtocolError
-from protocol.logs import event
+from protocol.process.logs import event
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

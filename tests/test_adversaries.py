@@ -226,7 +226,18 @@ async def test_dishonest_nodes_are_refused_and_honest_ones_are_not(swarm_factory
 
 
 async def _ask_for_work(node):
-    req = WorkRequest(node.job_id, 4, node.version, "torch", "f32", "", "unknown", "cpu", 0, 0.0)
+    req = WorkRequest(
+        job_id=node.job_id,
+        max_prompts=4,
+        held_version=node.version,
+        backend="torch",
+        dtype="f32",
+        name="",
+        reachability="unknown",
+        device="cpu",
+        memory_mib=0,
+        tokens_per_s=0.0,
+    )
     return await request(
         node.swarm.host, node.learner, work.PROTOCOL, lambda stream: work.ask(stream, req), timeout_s=30
     )

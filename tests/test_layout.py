@@ -101,3 +101,63 @@ print("ok")
 """
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+# protocol/ by concern (protocol/__init__.py): each folder and what it may
+# import of protocol/. The language is the modules directly under protocol/.
+LANGUAGE = "protocol"
+MAY_IMPORT = {
+    "protocol.process": set(),
+    LANGUAGE: {"protocol.process"},
+    "protocol.models": {LANGUAGE, "protocol.process"},
+    "protocol.net": {LANGUAGE, "protocol.process"},
+    "protocol.wire": {LANGUAGE, "protocol.process", "protocol.models"},
+    "protocol.broadcast": {LANGUAGE, "protocol.process", "protocol.models", "protocol.net", "protocol.wire"},
+}
+# Language modules that name what they describe elsewhere, and why.
+LANGUAGE_REACHES = {
+    "protocol.kinds": "gathers every message kind from the modules that own them",
+    "protocol.invite": "an invite holds multiaddrs, parsed as the host parses them",
+    "protocol.manifest": "a manifest's format is one of the update formats",
+}
+
+
+def concern(module: str) -> str:
+    """The folder of protocol/ that ``module`` belongs to (``LANGUAGE`` for the top)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or parts[1:] and f"protocol.{parts[1]}" in MAY_IMPORT else LANGUAGE
+
+
+def crossings(graph: dict[str, set[str]]) -> list[str]:
+    """The imports in ``graph`` from one folder of protocol/ to one it may not import."""
+    return [
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if module.startswith("protocol") and module not in LANGUAGE_REACHES
+        for target in targets
+        if target.startswith("protocol")
+        and concern(target) != concern(module)
+        and concern(target) not in MAY_IMPORT[concern(module)]
+    ]
+
+
+def test_protocol_folders_import_down_only():
+    assert crossings(imports()) == []
+
+
+def test_the_folder_rule_sees_a_crossing():
+    graph = imports()
+    graph["protocol.process.logs"] = graph["protocol.process.logs"] | {"protocol.net.host"}
+    graph["protocol.codec"] = graph["protocol.codec"] | {"protocol.wire.work"}
+    assert sorted(crossings(graph)) == [
+        "protocol.codec imports protocol.wire.work",
+        "protocol.process.logs imports protocol.net.host",
+    ]
+
+
+def test_protocol_top_holds_the_language_only():
+    """At most 12 modules directly under protocol/; the rest sit in folders by concern."""
+    top = sorted(p.stem for p in (ROOT / "protocol").glob("*.py") if p.stem != "__init__")
+    assert len(top) <= 12, top
+    folders = {f"protocol.{p.name}" for p in (ROOT / "protocol").iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(MAY_IMPORT) - {LANGUAGE}, "a new folder needs its row in MAY_IMPORT"

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from echo_node.backend_choice import llama_installed
-from protocol import codec, updates
+from protocol import codec
 from protocol.messages import Manifest
+from protocol.models import updates
 from tests.families import save_tiny_model
 from tests.test_crash import wait_until
 from tests.test_real_model import accepted_by_peer, refusals

@@ -48,16 +48,22 @@ async def test_a_work_flood_gets_a_newcomers_share_and_honest_nodes_keep_trainin
     both_banned = {"hoarder": trio.Event(), "flooder": trio.Event()}
 
     async def ask_forever(node: Node, name: str) -> None:
+        ask = WorkRequest(
+            job_id=node.job_id,
+            max_prompts=4,
+            held_version=-1,
+            backend="torch",
+            dtype="f32",
+            name=name,
+            reachability="public",
+            device="cpu",
+            memory_mib=0,
+            tokens_per_s=0.0,
+        )
         while True:
             try:
                 reply = await request(
-                    node.swarm.host,
-                    node.learner,
-                    work.PROTOCOL,
-                    lambda stream: work.ask(
-                        stream, WorkRequest(node.job_id, 4, -1, "torch", "f32", name, "public", "cpu", 0, 0.0)
-                    ),
-                    timeout_s=60,
+                    node.swarm.host, node.learner, work.PROTOCOL, lambda stream: work.ask(stream, ask), timeout_s=60
                 )
             except RequestFailed:
                 return  # the learner finished and left

@@ -9,7 +9,7 @@ import random
 from echo_learner.tasks import rg
 from echo_learner.tasks.base import TaskError
 from echo_learner.tasks.registry import families, load_task
-from protocol.config import fail
+from protocol.process.config import fail
 
 
 def command(args: argparse.Namespace, prog: str) -> None:

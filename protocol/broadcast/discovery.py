@@ -16,8 +16,8 @@ from libp2p.peer.peerinfo import PeerInfo
 
 from protocol.broadcast.settings import BroadcastConfig
 from protocol.ids import swarm_key
-from protocol.logs import event
-from protocol.swarm import Swarm, announce, find_providers
+from protocol.net.swarm import Swarm, announce, find_providers
+from protocol.process.logs import event
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@
 - Finds neighbours through DHT provider records of the job's swarm key.
 - Runs bases in the process's ``variant`` when it has one (a llama.cpp q8_0
   node: the q8_0 GGUF the learner publishes beside each LoRA base, see
-  ``protocol.updates``): it follows the variant in place of the base, and
+  ``protocol.models.updates``): it follows the variant in place of the base, and
   the seed serves both from ``variants``, a store of its own.
 
 The parts live beside it: ``scheduler`` (which chunk to ask of whom),
@@ -48,7 +48,6 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
 from protocol import manifest as manifests
-from protocol import updates
 from protocol.broadcast import bitfield
 from protocol.broadcast import requests as outcomes
 from protocol.broadcast.discovery import discover_neighbours
@@ -58,12 +57,13 @@ from protocol.broadcast.scheduler import Download
 from protocol.broadcast.serving import ChunkServer, manifest_digest
 from protocol.broadcast.settings import BroadcastConfig, Stats
 from protocol.broadcast.store import VersionStore
-from protocol.dial import DialFailed, is_relayed
 from protocol.errors import ProtocolError
-from protocol.logs import event
 from protocol.messages import ErrorReply, Manifest
+from protocol.models import updates
+from protocol.net.dial import DialFailed, is_relayed
+from protocol.net.swarm import Swarm, reach
+from protocol.process.logs import event
 from protocol.rpc import RequestFailed, remote_peer, request, route, serve
-from protocol.swarm import Swarm, reach
 from protocol.wire import chunk, have
 from protocol.wire.chunk import ManifestRequest
 from protocol.wire.have import Have

@@ -16,7 +16,7 @@ from typing import Any
 import trio
 
 from protocol.broadcast.settings import BroadcastConfig, Stats
-from protocol.logs import event
+from protocol.process.logs import event
 
 log = logging.getLogger(__name__)
 

@@ -19,14 +19,14 @@ import trio
 from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
-from protocol import updates
 from protocol.broadcast.scheduler import Download
 from protocol.broadcast.settings import Stats
 from protocol.broadcast.store import VersionStore
 from protocol.errors import ChunkHashMismatch
-from protocol.logs import event
 from protocol.messages import ErrorReply, Manifest
-from protocol.swarm import Swarm
+from protocol.models import updates
+from protocol.net.swarm import Swarm
+from protocol.process.logs import event
 from protocol.wire import chunk
 from protocol.wire.chunk import ChunkRequest
 

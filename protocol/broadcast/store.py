@@ -19,12 +19,13 @@ import contextlib
 import logging
 from pathlib import Path
 
-from protocol import codec, updates
+from protocol import codec
 from protocol import manifest as manifests
 from protocol.errors import ChunkHashMismatch, ProtocolError
-from protocol.files import TMP_SUFFIX, write_atomic
-from protocol.logs import event
 from protocol.messages import Manifest
+from protocol.models import updates
+from protocol.process.files import TMP_SUFFIX, write_atomic
+from protocol.process.logs import event
 
 log = logging.getLogger(__name__)
 
@@ -99,12 +100,12 @@ class VersionStore:
         return updates.standalone(m) or self.base_of(version) is not None and self.complete(m.base_version)
 
     def rebuild(self, version: int) -> bytes:
-        """The full weights of a usable version (``protocol.updates.rebuild``)."""
+        """The full weights of a usable version (``protocol.models.updates.rebuild``)."""
         return updates.rebuild(*self._parts(version))
 
     def check_signed(self, version: int) -> None:
         """``UpdateRefused`` unless every byte of a usable version and its base
-        is as signed (``protocol.updates.check_signed``; no LoRA merge)."""
+        is as signed (``protocol.models.updates.check_signed``; no LoRA merge)."""
         updates.check_signed(*self._parts(version))
 
     def _parts(self, version: int) -> tuple[Manifest, bytes, Manifest | None, bytes | None]:

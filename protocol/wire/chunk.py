@@ -27,13 +27,13 @@ from protocol.messages import (
     KiB,
     Manifest,
 )
+from protocol.models.updates import VARIANTS
 from protocol.schema import Bytes, Int, Str, check
-from protocol.updates import VARIANTS
 
 # 1.1: manifests may name a base (updates); 1.2: requests name a variant.
 PROTOCOL = "/echo-swarm/chunk/1.2.0"
 # What a request's ``variant`` may name: "" (a version as published) or the
-# format of one of its variants (``protocol.updates.VARIANTS``).
+# format of one of its variants (``protocol.models.updates.VARIANTS``).
 VARIANT = Str(16, ("", *VARIANTS))
 
 # Error codes of this protocol (besides the shared unknown_job).

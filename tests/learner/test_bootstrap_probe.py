@@ -6,7 +6,7 @@ import trio
 
 from echo_learner.bootstrap_probe import BootstrapProbe
 from protocol.identity import Identity
-from protocol.swarm import open_swarm
+from protocol.net.swarm import open_swarm
 
 
 def free_port():

@@ -4,44 +4,44 @@ import time
 
 import pytest
 
-from echo_learner.capacity import CapacityMeter, forecast
+from echo_learner.capacity import CapacityMeter, ForecastInputs, forecast
 
 BASE = dict(rollouts_per_step=256, train_s=0.2, verify_s=0.0, publish_s=0.04, broadcast_s=1.0, cycle_s=0.3)
 
 
 def test_sync_pays_for_broadcast_and_generation_every_step():
-    f = forecast(staleness=0, publish_every=1, supply_rps=512, **BASE)
+    f = forecast(ForecastInputs(staleness=0, publish_every=1, supply_rps=512, **BASE))
     assert f.utilization == pytest.approx(0.2 / (0.2 + 0.04 + 1.0 + 0.5))
 
 
 def test_async_with_ample_supply_and_a_wide_window_keeps_the_learner_busy():
-    f = forecast(staleness=2, publish_every=4, supply_rps=5000, **BASE)
+    f = forecast(ForecastInputs(staleness=2, publish_every=4, supply_rps=5000, **BASE))
     assert f.utilization == pytest.approx(0.2 / 0.21)
     assert f.verdict.startswith("enough rollout throughput")
 
 
 def test_async_starved_of_rollouts_says_how_much_more_it_needs():
-    f = forecast(staleness=2, publish_every=4, supply_rps=400, **BASE)
+    f = forecast(ForecastInputs(staleness=2, publish_every=4, supply_rps=400, **BASE))
     assert f.utilization == pytest.approx(0.2 / (256 / 400))
     assert f.needed_rollouts_per_s == pytest.approx(256 / 0.21)
     assert "needs 3.0x more" in f.verdict
 
 
 def test_async_whose_window_is_shorter_than_a_broadcast_recommends_publishing_less_often():
-    f = forecast(staleness=2, publish_every=1, supply_rps=5000, **BASE)
+    f = forecast(ForecastInputs(staleness=2, publish_every=1, supply_rps=5000, **BASE))
     assert f.utilization == pytest.approx(0.2 / (1.3 / 2))
     assert "publish every 3 steps" in f.verdict
 
 
 def test_async_verification_runs_beside_training_and_must_keep_pace():
-    f = forecast(staleness=2, publish_every=4, supply_rps=5000, **{**BASE, "verify_s": 0.05})
+    f = forecast(ForecastInputs(staleness=2, publish_every=4, supply_rps=5000, **{**BASE, "verify_s": 0.05}))
     assert f.utilization == pytest.approx(0.2 / 0.21)  # overlapped with the step
-    slow = forecast(staleness=2, publish_every=4, supply_rps=5000, **{**BASE, "verify_s": 0.4})
+    slow = forecast(ForecastInputs(staleness=2, publish_every=4, supply_rps=5000, **{**BASE, "verify_s": 0.4}))
     # It cannot keep up: both threads run side by side for the whole period,
     # each measured time holding the other's share.
     assert slow.utilization == pytest.approx(0.2 / ((0.21 + 0.4) / 2))
     assert "verifying a batch takes 0.40 s" in slow.verdict
-    sync = forecast(staleness=0, publish_every=1, supply_rps=512, **{**BASE, "verify_s": 0.05})
+    sync = forecast(ForecastInputs(staleness=0, publish_every=1, supply_rps=512, **{**BASE, "verify_s": 0.05}))
     assert sync.utilization == pytest.approx(0.2 / (0.2 + 0.04 + 1.0 + 0.5))  # hidden in the wait
 
 
@@ -151,9 +151,27 @@ def test_the_forecast_starts_from_the_measured_utilization_and_moves_as_far_as_t
 
 def test_a_learner_whose_cores_are_saturated_steps_no_faster_than_they_allow():
     # 0.4 CPU-s a step (training, verification, the event loop) on one core.
-    one = forecast(staleness=2, publish_every=4, supply_rps=5000, cpu_s=0.4, cores=1, **BASE)
+    one = forecast(ForecastInputs(staleness=2, publish_every=4, supply_rps=5000, cpu_s=0.4, cores=1, **BASE))
     assert one.utilization == pytest.approx(0.2 / 0.4)
     assert "core(s) are saturated" in one.verdict
     # On two cores the same work fits beside the step.
-    two = forecast(staleness=2, publish_every=4, supply_rps=5000, cpu_s=0.4, cores=2, **BASE)
+    two = forecast(ForecastInputs(staleness=2, publish_every=4, supply_rps=5000, cpu_s=0.4, cores=2, **BASE))
     assert two.utilization > 0.9 and "saturated" not in two.verdict
+
+
+def test_the_inputs_show_in_metrics_and_status_in_the_order_they_always_had():
+    inputs = ForecastInputs(staleness=2, publish_every=4, supply_rps=5000, **BASE)
+    assert list(inputs.to_json()) == [
+        "staleness",
+        "publish_every",
+        "rollouts_per_step",
+        "train_s",
+        "bookkeeping_s",
+        "verify_s",
+        "publish_s",
+        "broadcast_s",
+        "cycle_s",
+        "supply_rps",
+        "cpu_s",
+        "cores",
+    ]

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import pytest
 import trio
 
-from echo_learner.evaluate import Stopped, evaluate, mean_with_ci, wilson
+from echo_learner.evaluate import EvalSettings, Stopped, evaluate, mean_with_ci, wilson
 from echo_learner.heldout import HeldoutMonitor
 from echo_learner.model import load_model
 from echo_learner.tasks.base import TaskError, TaskPrompt
@@ -41,10 +41,10 @@ class Judge:
 
 def test_evaluation_counts_what_the_task_rewards():
     model, tokenizer = load_model("", seed=0)
-    everything = evaluate(model, tokenizer, Judge(""), n=4, k=3, max_new_tokens=4)
+    everything = evaluate(model, tokenizer, Judge(""), EvalSettings(n=4, k=3, max_new_tokens=4))
     assert everything["heldout_n"] == 4
     assert everything["greedy"]["value"] == 1.0 and everything["pass1"]["value"] == 1.0
-    nothing = evaluate(model, tokenizer, Judge("\x00impossible"), n=4, k=3, max_new_tokens=4)
+    nothing = evaluate(model, tokenizer, Judge("\x00impossible"), EvalSettings(n=4, k=3, max_new_tokens=4))
     assert nothing["greedy"]["value"] == 0.0 and nothing["pass1"]["value"] == 0.0
     assert nothing["greedy"]["ci95"][1] > 0  # 4 prompts prove little
 
@@ -56,7 +56,7 @@ def test_a_task_without_heldout_prompts_cannot_be_evaluated():
 
     model, tokenizer = load_model("", seed=0)
     with pytest.raises(TaskError, match="no held-out prompts"):
-        evaluate(model, tokenizer, NoSplit(""), n=4, k=0, max_new_tokens=4)
+        evaluate(model, tokenizer, NoSplit(""), EvalSettings(n=4, k=0, max_new_tokens=4))
 
 
 def test_a_stopped_evaluation_ends_within_one_forward_pass():
@@ -65,7 +65,7 @@ def test_a_stopped_evaluation_ends_within_one_forward_pass():
     passes = []
     model.register_forward_pre_hook(lambda *_: passes.append(1) or stop.set())
     with pytest.raises(Stopped):
-        evaluate(model, tokenizer, Judge(""), n=4, k=3, max_new_tokens=4, stop=stop)
+        evaluate(model, tokenizer, Judge(""), EvalSettings(n=4, k=3, max_new_tokens=4), stop=stop)
     assert len(passes) == 1
 
 

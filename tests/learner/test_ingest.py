@@ -20,25 +20,39 @@ from protocol.wire.work import NoWork, WorkAssignment, WorkRequest
 from tests.learner.test_verify import GOOD, LIMITS, pool_with_prompt_7
 from tests.protocol.samples import LEARNER, NODE, batch
 
-REQUEST = WorkRequest(LIMITS.job_id, 8, 8, "llama", "q8_0", "", "public", "cpu", 1024, 0.0)
+REQUEST = WorkRequest(
+    job_id=LIMITS.job_id,
+    max_prompts=8,
+    held_version=8,
+    backend="llama",
+    dtype="q8_0",
+    name="",
+    reachability="public",
+    device="cpu",
+    memory_mib=1024,
+    tokens_per_s=0.0,
+)
 
 
 def ingest_for(config, ledger, pool, policies, peers, meter, version: int) -> Ingest:
     """The learner's handlers for the reverse task, at ``version``."""
-    return Ingest(
+    verifier = v.Verifier(
         config,
-        LEARNER,
-        job_id=LIMITS.job_id,
-        task=ReverseTask(),
-        decode=lambda ids: bytes(ids).decode(errors="replace"),
-        pad_id=256,
-        limits=LIMITS,
+        LIMITS,
         pool=pool,
         policies=policies,
         ledger=ledger,
-        peers=peers,
         meter=meter,
+        pad_id=256,
         current_version=lambda: version,
+    )
+    return Ingest(
+        config,
+        LEARNER,
+        verifier=verifier,
+        task=ReverseTask(),
+        decode=lambda ids: bytes(ids).decode(errors="replace"),
+        peers=peers,
     )
 
 

@@ -95,7 +95,7 @@ def test_lapses_and_refusal_strikes_add_up(clock):
 
 
 def test_peers_forgotten_past_the_cap_are_told(clock):
-    """The learner stops keeping their connections (protocol.host.keep_connection)."""
+    """The learner stops keeping their connections (protocol.net.host.keep_connection)."""
     forgotten = []
     b = PeerBook(strikes_to_ban=3, strike_window_s=300, ban_s=600, max_peers=2)
     b.on_forget = forgotten.append

@@ -83,7 +83,7 @@ def test_a_task_spec_with_options_fits_a_signed_manifest_record():
     """The spec travels in every manifest, which the DHT's validator checks."""
     from protocol import codec, manifest
     from protocol.identity import Identity
-    from protocol.records import decode_record
+    from protocol.net.records import decode_record
 
     spec = "math:basic_arithmetic:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
     assert load_task(spec).name == spec

@@ -1,11 +1,15 @@
 """Each refusal reason, checked against a real prompt pool and a real SQLite ledger."""
 
 import dataclasses
+from functools import partial
 
 import pytest
 import trio
+import trio.testing
 
 from echo_learner import verify as v
+from echo_learner.capacity import CapacityMeter
+from echo_learner.config import LearnerConfig
 from echo_learner.ledger import Ledger, Row
 from echo_learner.pool import PromptPool
 from echo_learner.tasks.base import TaskPrompt
@@ -83,8 +87,53 @@ async def test_versions_inside_the_staleness_window_pass(ledger):
 
 async def test_replayed_nonce_is_refused(ledger):
     accepted = batch(groups=(GOOD,))
-    ledger.record(Row(b"h" * 32, NODE.peer_id_str, 3, accepted.nonce, 2, 6, "accepted", "ok", 6.0, 1, b""))
+    ledger.record(
+        Row(
+            batch_hash=b"h" * 32,
+            peer=NODE.peer_id_str,
+            version=3,
+            nonce=accepted.nonce,
+            rollouts=2,
+            tokens=6,
+            verdict="accepted",
+            reason="ok",
+            credit=6.0,
+            created_ms=1,
+            receipt=b"",
+        )
+    )
     assert check(accepted, ledger) == v.REPLAYED
+
+
+def verifier_for(config, ledger, pool, policies=None, version=3):
+    return v.Verifier(
+        config,
+        LIMITS,
+        pool=pool,
+        policies=policies or v.Policies(keep=3),
+        ledger=ledger,
+        meter=CapacityMeter(60.0),
+        pad_id=256,
+        current_version=lambda: version,
+    )
+
+
+async def test_a_copy_sent_during_the_log_prob_check_is_replayed(tmp_path, ledger):
+    verifier = verifier_for(LearnerConfig(data_dir=tmp_path), ledger, pool_with_prompt_7())
+    first = batch(groups=(GOOD,))
+    assert await verifier.judge(first, NODE.peer_id_str, banned=True) == v.BANNED  # before anything else
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(verifier.judge, first, NODE.peer_id_str, banned=False))  # no recompute runs
+        await trio.testing.wait_all_tasks_blocked()
+        assert await verifier.judge(first, NODE.peer_id_str, banned=False) == v.REPLAYED
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_window_holds_only_versions_the_learner_still_has(tmp_path, ledger):
+    policies = v.Policies(keep=3)
+    policies.add(9, object())
+    config = LearnerConfig(data_dir=tmp_path, mode="async", staleness=4)
+    assert verifier_for(config, ledger, pool_with_prompt_7(), policies, version=10).window() == v.Window(9, 10)
 
 
 async def test_prompts_of_another_node_are_refused(ledger):

@@ -19,7 +19,7 @@ from echo_learner.model import ModelError, config_json, load_model
 from echo_learner.tolerance import tolerance
 from echo_node.backend_choice import llama_installed
 from echo_node.guard import Refused, check_version
-from protocol.families import FAMILIES as SUPPORTED
+from protocol.models.families import FAMILIES as SUPPORTED
 from tests.families import FAMILIES, randomize_adapter, save_tiny_model, tiny_model
 
 needs_llama = pytest.mark.skipif(

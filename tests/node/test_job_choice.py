@@ -11,10 +11,10 @@ from libp2p.peer.peerinfo import PeerInfo
 from echo_node.config import NodeConfig
 from echo_node.learner_lookup import NoLearnerFound, SeveralJobs, find_learner
 from protocol import codec, manifest
-from protocol.host import full_addrs
 from protocol.identity import Identity
 from protocol.ids import JOB_DIRECTORY_KEY, manifest_keys
-from protocol.swarm import Swarm, announce, open_swarm
+from protocol.net.host import full_addrs
+from protocol.net.swarm import Swarm, announce, open_swarm
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 MODEL = json.dumps(

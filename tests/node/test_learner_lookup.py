@@ -9,9 +9,9 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from echo_node.learner_lookup import pin_learner
 from protocol import framing
-from protocol.host import full_addrs, make_host, parse_multiaddr
 from protocol.identity import Identity
 from protocol.messages import ErrorReply
+from protocol.net.host import full_addrs, make_host, parse_multiaddr
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 HOURS_LATER = 3 * 3600  # past every time-to-live py-libp2p gives addresses (2 min to 2 h)

@@ -169,7 +169,7 @@ def test_a_new_version_replaces_the_old_one_and_its_file(tmp_path):
 
 
 def test_export_refuses_what_llama_cpp_cannot_run(tmp_path):
-    from protocol.gguf_export import UnsupportedModel, write_gguf
+    from protocol.models.gguf_export import UnsupportedModel, write_gguf
 
     model = build_model()
     config = json.loads(config_json(model))

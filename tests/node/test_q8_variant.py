@@ -1,4 +1,4 @@
-"""The q8_0 variant of a LoRA base (protocol/updates.py): the learner's GGUF
+"""The q8_0 variant of a LoRA base (protocol/models/updates.py): the learner's GGUF
 is deterministic, is what a q8_0 node would export itself, rebuilds bit-exact
 from its chunks, is refused when tampered, and takes the run's adapters in
 llama.cpp like the base it stands for."""
@@ -13,15 +13,16 @@ import torch
 
 from echo_learner.lora import LoraSettings, adapter_bytes, state_bytes, wrap
 from echo_learner.model import config_json
-from echo_learner.publishing import Publisher
+from echo_learner.publishing import JobManifestFields, Publisher
 from echo_learner.tolerance import tolerance
-from protocol import codec, manifest, updates
+from protocol import codec, manifest
 from protocol.broadcast.store import VersionStore
 from protocol.errors import ChunkHashMismatch, DecodeError
-from protocol.gguf_export import f32_tensors, write_gguf
 from protocol.identity import Identity
 from protocol.messages import UNSIGNED
-from protocol.updates import Q8_GGUF, UpdateRefused
+from protocol.models import updates
+from protocol.models.gguf_export import f32_tensors, write_gguf
+from protocol.models.updates import Q8_GGUF, UpdateRefused
 from tests.families import randomize_adapter, tiny_model
 from tests.node.test_families import differences, llama_backend, needs_llama
 from tests.protocol.samples import LEARNER
@@ -34,11 +35,13 @@ FAMILY = "qwen3"  # q/k norms and no q/k permutation: the exporter's other path 
 def lora_publisher(base: torch.nn.Module) -> Publisher:
     return Publisher(
         LEARNER,
-        job_id="job",
-        task="reverse",
-        model_config=config_json(base),
-        tokenizer_digest=b"t" * 32,
-        chunk_size=16 * 1024,
+        JobManifestFields(
+            job_id="job",
+            task="reverse",
+            model_config=config_json(base),
+            tokenizer_digest=b"t" * 32,
+            chunk_size=16 * 1024,
+        ),
         max_update_ratio=0.9,
         lora=SETTINGS,
         frozen_base=state_bytes(base),

@@ -21,11 +21,12 @@ from echo_learner.model import ModelShape, build_model, config_json
 from echo_node.backend_torch import TorchBackend
 from echo_node.config import NodeConfig
 from echo_node.weights import Weights
-from protocol import manifest, updates
+from protocol import manifest
 from protocol.broadcast.engine import BroadcastEngine
 from protocol.broadcast.store import VersionStore
 from protocol.identity import Identity
-from protocol.swarm import open_swarm
+from protocol.models import updates
+from protocol.net.swarm import open_swarm
 from tests.protocol.samples import LEARNER
 
 JOB = "bombs"

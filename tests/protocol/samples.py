@@ -3,7 +3,7 @@
 from protocol import manifest
 from protocol.identity import Identity
 from protocol.messages import UNSIGNED, ErrorReply, Invite
-from protocol.probe import PunchReady, PunchRequest, PunchResult, UploadResult, UploadSample
+from protocol.net.probe import PunchReady, PunchRequest, PunchResult, UploadResult, UploadSample
 from protocol.wire.chunk import ChunkData, ChunkRequest, ManifestRequest
 from protocol.wire.have import Have
 from protocol.wire.receipts import ReceiptPage, ReceiptQuery
@@ -49,7 +49,18 @@ def all_messages() -> list:
         )
     )
     return [
-        WorkRequest("reverse-test", 4, -1, "torch", "f32", "node <b>one</b>", "private", "cuda", 8192, 1234.5),
+        WorkRequest(
+            job_id="reverse-test",
+            max_prompts=4,
+            held_version=-1,
+            backend="torch",
+            dtype="f32",
+            name="node <b>one</b>",
+            reachability="private",
+            device="cuda",
+            memory_mib=8192,
+            tokens_per_s=1234.5,
+        ),
         WorkAssignment("reverse-test", 3, 1, (Prompt(1, (257, 97, 98, 99, 61)),), 16, 4, 1.0, (258,), 99),
         NoWork("reverse-test", 3, 0, "all prompts taken"),
         batch(),

@@ -14,6 +14,18 @@ from protocol.wire.work import WorkRequest
 from .samples import all_messages
 
 SAMPLES = all_messages()
+REQUEST = WorkRequest(
+    job_id="j",
+    max_prompts=1,
+    held_version=-1,
+    backend="torch",
+    dtype="f32",
+    name="",
+    reachability="public",
+    device="cpu",
+    memory_mib=0,
+    tokens_per_s=0.0,
+)
 
 
 def test_samples_cover_every_kind():
@@ -26,13 +38,13 @@ def test_round_trip(msg):
 
 
 def test_wrong_kind_is_refused():
-    data = encode(WorkRequest("j", 1, -1, "torch", "f32", "", "public", "cpu", 0, 0.0))
+    data = encode(REQUEST)
     with pytest.raises(DecodeError, match="unexpected message kind"):
         decode(data, RolloutBatch)
 
 
 def test_wrong_wire_version_is_refused():
-    body = codec.to_wire(WorkRequest("j", 1, -1, "torch", "f32", "", "public", "cpu", 0, 0.0))
+    body = codec.to_wire(REQUEST)
     data = msgpack.packb([2, "WorkRequest", body])
     with pytest.raises(DecodeError, match="wire version"):
         decode(data, WorkRequest)
@@ -53,14 +65,14 @@ def test_wrong_wire_version_is_refused():
     ],
 )
 def test_field_checks(change, match):
-    body = codec.to_wire(WorkRequest("j", 1, -1, "torch", "f32", "", "public", "cpu", 0, 0.0))
+    body = codec.to_wire(REQUEST)
     body.update(change)
     with pytest.raises(DecodeError, match=match):
         decode(msgpack.packb([1, "WorkRequest", body]), WorkRequest)
 
 
 def test_missing_field_is_refused():
-    body = codec.to_wire(WorkRequest("j", 1, -1, "torch", "f32", "", "public", "cpu", 0, 0.0))
+    body = codec.to_wire(REQUEST)
     del body["dtype"]
     with pytest.raises(DecodeError, match="missing fields"):
         decode(msgpack.packb([1, "WorkRequest", body]), WorkRequest)

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.config import ConfigError, Parser, add_arguments, resolve, setting
+from protocol.process.config import ConfigError, Parser, add_arguments, resolve, setting
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ from libp2p.network.config import ConnectionConfig
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from protocol import framing
-from protocol.conngate import InboundGate, PeerBans, address_key
-from protocol.host import full_addrs, make_host, parse_multiaddr
 from protocol.identity import Identity
 from protocol.messages import ErrorReply
+from protocol.net.conngate import InboundGate, PeerBans, address_key
+from protocol.net.host import full_addrs, make_host, parse_multiaddr
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 

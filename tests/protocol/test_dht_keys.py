@@ -4,11 +4,11 @@ from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.tools.anyio_service import background_trio_service
 
-from protocol.host import make_host, parse_multiaddr
 from protocol.identity import Identity
 from protocol.ids import JOB_DIRECTORY_KEY, manifest_key, swarm_key
 from protocol.messages import MAX_JOB_ID
-from protocol.swarm import open_swarm
+from protocol.net.host import make_host, parse_multiaddr
+from protocol.net.swarm import open_swarm
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
@@ -41,7 +41,7 @@ def test_what_peers_make_us_store_is_bounded():
     from libp2p.kad_dht.provider_store import ProviderStore
     from libp2p.kad_dht.value_store import ValueStore
 
-    from protocol.dht_limits import bound_provider_store, bound_value_store
+    from protocol.net.dht_limits import bound_provider_store, bound_value_store
 
     host = make_host(Identity.generate(), [LOOPBACK])
     values = ValueStore(host, host.get_id())

@@ -6,7 +6,7 @@ from protocol import manifest
 from protocol.broadcast.engine import BroadcastEngine
 from protocol.broadcast.store import VersionStore
 from protocol.identity import Identity
-from protocol.swarm import open_swarm
+from protocol.net.swarm import open_swarm
 from tests.protocol.samples import LEARNER
 
 CHUNK = 1024

@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from protocol.files import replacing, write_atomic
+from protocol.process.files import replacing, write_atomic
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):

@@ -14,10 +14,10 @@ from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_byt
 
 from echo_node.jobs import Job, read_job
 from protocol import codec, manifest
-from protocol.host import make_host, parse_multiaddr
 from protocol.identity import Identity
 from protocol.ids import MAX_FIND_NODE_KEY, legacy_manifest_key, manifest_key
-from protocol.swarm import open_swarm
+from protocol.net.host import make_host, parse_multiaddr
+from protocol.net.swarm import open_swarm
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 MODEL = {

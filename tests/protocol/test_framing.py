@@ -33,7 +33,18 @@ def pair():
 
 async def test_message_round_trip():
     a, b = pair()
-    msg = WorkRequest("job", 4, -1, "torch", "f32", "", "unknown", "cpu", 0, 0.0)
+    msg = WorkRequest(
+        job_id="job",
+        max_prompts=4,
+        held_version=-1,
+        backend="torch",
+        dtype="f32",
+        name="",
+        reachability="unknown",
+        device="cpu",
+        memory_mib=0,
+        tokens_per_s=0.0,
+    )
     await framing.send(a, msg)
     assert await framing.receive(b, WorkRequest) == msg
 

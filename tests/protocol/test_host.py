@@ -12,9 +12,9 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTransport
 
 from protocol import framing
-from protocol.host import full_addrs, keep_connection, make_host, parse_multiaddr
 from protocol.identity import Identity
 from protocol.messages import ErrorReply
+from protocol.net.host import full_addrs, keep_connection, make_host, parse_multiaddr
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
@@ -104,8 +104,8 @@ async def test_a_host_admits_as_many_connections_as_its_cap_says():
     """py-libp2p's resource manager admits 256 established inbound
     connections by default, whatever ``ConnectionConfig`` says: a learner
     stopped taking nodes at 256 (bench/swarm_load.py). Ours follows the cap."""
-    from protocol.connlimits import ConnectionSettings
-    from protocol.host import connection_config
+    from protocol.net.connlimits import ConnectionSettings
+    from protocol.net.host import connection_config
 
     crowd = 270
     server = make_host(

@@ -5,7 +5,7 @@ import pytest
 from protocol import codec, manifest
 from protocol.errors import ChunkHashMismatch, DecodeError, SignatureError
 from protocol.ids import manifest_key, manifest_keys
-from protocol.records import InvalidRecord, ManifestRecordValidator
+from protocol.net.records import InvalidRecord, ManifestRecordValidator
 
 from .samples import LEARNER, NODE
 

@@ -1,6 +1,6 @@
 """Progress bars: drawn in a terminal (bytes, rate, time left), silent when piped."""
 
-from protocol.progress import progress
+from protocol.process.progress import progress
 
 
 def test_a_terminal_sees_bytes_and_the_fields(capsys, monkeypatch):

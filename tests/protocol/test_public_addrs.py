@@ -4,8 +4,8 @@ address a dial-back reached it at, and only while it is public."""
 from __future__ import annotations
 
 from protocol.identity import Identity
-from protocol.reachability import PRIVATE, PUBLIC, Reachability
-from protocol.swarm import advertise_dialled, open_swarm
+from protocol.net.reachability import PRIVATE, PUBLIC, Reachability
+from protocol.net.swarm import advertise_dialled, open_swarm
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 

@@ -20,7 +20,7 @@ from protocol.broadcast.settings import BroadcastConfig
 from protocol.broadcast.store import VersionStore
 from protocol.broadcast.uploads import UploadPolicy
 from protocol.identity import Identity
-from protocol.swarm import open_swarm
+from protocol.net.swarm import open_swarm
 from protocol.wire import chunk, have
 from protocol.wire.chunk import ChunkData, ChunkRequest
 from protocol.wire.have import Have

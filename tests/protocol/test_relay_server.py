@@ -11,10 +11,10 @@ from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
 from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
 from libp2p.tools.anyio_service import background_trio_service
 
-from protocol.host import full_addrs, make_host, parse_multiaddr
 from protocol.identity import Identity
-from protocol.relay import RelayLimits, relay_protocol
-from protocol.relay_server import ReservationBook, reserve_once, source_range
+from protocol.net.host import full_addrs, make_host, parse_multiaddr
+from protocol.net.relay import RelayLimits, relay_protocol
+from protocol.net.relay_server import ReservationBook, reserve_once, source_range
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 OK = StatusCode.OK

@@ -1,6 +1,6 @@
 """Command-line tables: plain aligned columns when piped, a rich table in a terminal."""
 
-from protocol.tables import print_fields, print_table
+from protocol.process.tables import print_fields, print_table
 
 ROWS = [(1, "12D3KooWlongerpeerid", 1234), (2, "short", 5)]
 

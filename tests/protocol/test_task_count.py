@@ -3,7 +3,7 @@
 import trio
 import trio.testing
 
-from protocol.runtime import task_count
+from protocol.process.runtime import task_count
 
 
 async def test_task_count_follows_tasks_as_they_start_and_end():

@@ -16,11 +16,12 @@ from hypothesis import strategies as st
 
 from echo_learner.lora import LoraSettings, adapter_bytes, state_bytes, wrap
 from echo_learner.model import ModelShape, build_model, config_json
-from echo_learner.publishing import Publisher
-from protocol import codec, manifest, updates
+from echo_learner.publishing import JobManifestFields, Publisher
+from protocol import codec, manifest
 from protocol.broadcast.store import VersionStore
 from protocol.errors import DecodeError
-from protocol.updates import UpdateLimits, UpdateRefused
+from protocol.models import updates
+from protocol.models.updates import UpdateLimits, UpdateRefused
 
 from .samples import LEARNER
 
@@ -30,11 +31,9 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 def publisher(lora=None, base=None, ratio=0.9):
     return Publisher(
         LEARNER,
-        job_id="job",
-        task="reverse",
-        model_config="{}",
-        tokenizer_digest=b"t" * 32,
-        chunk_size=64 * 1024,
+        JobManifestFields(
+            job_id="job", task="reverse", model_config="{}", tokenizer_digest=b"t" * 32, chunk_size=64 * 1024
+        ),
         max_update_ratio=ratio,
         lora=lora,
         frozen_base=base,
@@ -351,7 +350,7 @@ def test_an_adapter_whose_header_lies_is_refused():
 
 def test_the_llama_cpp_adapter_writer_refuses_what_llama_cpp_would_load(tmp_path):
     pytest.importorskip("gguf")
-    from protocol.gguf_lora import write_lora_gguf
+    from protocol.models.gguf_lora import write_lora_gguf
 
     config = config_json(build_model(ModelShape()))
     hidden = json.loads(config)["hidden_size"]

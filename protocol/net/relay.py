@@ -7,7 +7,7 @@ connections together (end to end the connection is still Noise-encrypted
 between the two peers). The node advertises ``<relay addr>/p2p-circuit`` as
 one of its addresses, in identify and in its DHT provider records.
 
-- ``RelayLimits`` (``protocol.relay_server``, bounded by default): how many
+- ``RelayLimits`` (``protocol.net.relay_server``, bounded by default): how many
   reservations a relay grants in total, per source range and to peers it does
   not know yet, how many relayed connections each reserved peer may have at
   once, how long and how many bytes each may carry, and how long a
@@ -39,8 +39,8 @@ from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
 from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 
-from protocol.logs import event
-from protocol.relay_server import RelayLimits, RelayServer
+from protocol.net.relay_server import RelayLimits, RelayServer
+from protocol.process.logs import event
 
 __all__ = ["RelayClient", "RelayLimits", "Reservation", "relay_protocol"]
 
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 def relay_protocol(host: IHost, *, hop: bool, limits: RelayLimits = RelayLimits()) -> CircuitV2Protocol:
     """The relay protocol service: ``hop=True`` relays for others (bootstrap
     peers, ``echo-node join --relay``) within ``limits``, with
-    ``protocol.relay_server``'s admission; every process accepts relayed
+    ``protocol.net.relay_server``'s admission; every process accepts relayed
     connections to itself (the stop side). Run it with ``background_trio_service``."""
     return RelayServer(host, limits, allow_hop=hop)
 

@@ -20,19 +20,19 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.tools.anyio_service import background_trio_service
 
-from protocol.conngate import InboundGate
-from protocol.connlimits import ConnectionSettings
-from protocol.dht_limits import bound_dht
-from protocol.dial import HolePuncher, dial
-from protocol.host import connection_config, make_host, parse_multiaddr, parse_peer_addr
 from protocol.identity import Identity
 from protocol.ids import DHT_NAMESPACE, RELAY_DIRECTORY_KEY
-from protocol.logs import event
-from protocol.probe import ProbeServer
-from protocol.reachability import PUBLIC, AutoNATServer, Reachability
-from protocol.records import ManifestRecordValidator
-from protocol.relay import RelayClient, RelayLimits, relay_protocol
-from protocol.upnp import PortMapper, mappable_ports
+from protocol.net.conngate import InboundGate
+from protocol.net.connlimits import ConnectionSettings
+from protocol.net.dht_limits import bound_dht
+from protocol.net.dial import HolePuncher, dial
+from protocol.net.host import connection_config, make_host, parse_multiaddr, parse_peer_addr
+from protocol.net.probe import ProbeServer
+from protocol.net.reachability import PUBLIC, AutoNATServer, Reachability
+from protocol.net.records import ManifestRecordValidator
+from protocol.net.relay import RelayClient, RelayLimits, relay_protocol
+from protocol.net.upnp import PortMapper, mappable_ports
+from protocol.process.logs import event
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class Swarm:
 
 async def reach(swarm: Swarm, info: PeerInfo, timeout_s: float) -> str:
     """Connect to ``info`` directly, else through a relay and a hole punch
-    (``protocol.dial``); the route it ended on."""
+    (``protocol.net.dial``); the route it ended on."""
     relay_dial = swarm.relay.dial if swarm.relay is not None else _no_relay
     return await dial(swarm.host, info, relay_dial=relay_dial, puncher=swarm.puncher, timeout_s=timeout_s)
 
@@ -202,10 +202,10 @@ async def open_swarm(
     ``server`` selects DHT server mode (bootstrap peers and learners, which
     hold records) or client mode (volunteer nodes, which only query).
     ``answer_probes``: also answer other peers' "can you dial me?" requests
-    (``protocol.reachability``, from a second, listen-less host) and their
-    hole-punch and upload probes (``protocol.probe``).
+    (``protocol.net.reachability``, from a second, listen-less host) and their
+    hole-punch and upload probes (``protocol.net.probe``).
     Every swarm accepts relayed connections to itself and answers hole
-    punches over them (``protocol.dial``, use ``reach``); ``relay_hop``: also
+    punches over them (``protocol.net.dial``, use ``reach``); ``relay_hop``: also
     relay for others within ``relay_limits``; ``relays``: relays (multiaddrs)
     on which ``swarm.relay`` may hold reservations (run ``swarm.relay.run``).
     ``upnp``: ask the LAN's gateway to forward our listen port (``swarm.upnp``)

@@ -27,7 +27,7 @@ assemble to once decoded: the full weights for ``safetensors`` and
 from a base whose manifest digest matches, and refuses any result whose
 digest differs (``UpdateRefused``). Before that, every size or scale an
 update declares is held against what the node allows
-(``protocol.update_limits``): a signature says who sent an update, not that
+(``protocol.models.update_limits``): a signature says who sent an update, not that
 it is sane. Merging a LoRA adapter rounds like any
 other f32 arithmetic on the node's hardware, as quantising does: the signed
 bytes (base and adapter) are exact, the merge is checked by the learner's
@@ -43,11 +43,12 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from protocol import codec, update_limits
+from protocol import codec
 from protocol.messages import Manifest
+from protocol.models import update_limits
 
 # Defined beside the checks; raised and taken here, and imported from here.
-from protocol.update_limits import UpdateLimits, UpdateRefused, check_adapter
+from protocol.models.update_limits import UpdateLimits, UpdateRefused, check_adapter
 
 FULL, DELTA, LORA, Q8_GGUF = "safetensors", "delta", "lora", "gguf_q8_0"
 FORMATS = (FULL, DELTA, LORA, Q8_GGUF)

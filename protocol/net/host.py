@@ -31,9 +31,9 @@ from libp2p.rcmgr.manager import ResourceLimits
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 
-from protocol.conngate import InboundGate
-from protocol.connlimits import ConnectionSettings
 from protocol.identity import Identity
+from protocol.net.conngate import InboundGate
+from protocol.net.connlimits import ConnectionSettings
 
 
 class BadMultiaddr(ValueError):

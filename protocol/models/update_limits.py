@@ -6,7 +6,7 @@ come from a hostile operator. So every size or scale an update declares is
 held against what the node allows before the node acts on it:
 
 - a ``delta``'s zstd frames must rebuild exactly the base's length
-  (``protocol.updates.decode_delta``: a frame that declares more is refused
+  (``protocol.models.updates.decode_delta``: a frame that declares more is refused
   from its header, and the decoder's window is bounded by that length);
 - a ``lora`` adapter file (``check_adapter``): its safetensors header is
   bounded and points inside the file; every tensor is a 2-D lora_A/lora_B
@@ -14,7 +14,7 @@ held against what the node allows before the node acts on it:
   matrix's smaller side; alpha/rank is finite and within ``max_lora_scale``;
   every value is finite and within ``max_lora_value``. Whether each pair fits
   the base's matrix is checked where the base's shapes are known (the torch
-  merge, ``protocol.updates.merged_lora``; llama.cpp's adapter loader).
+  merge, ``protocol.models.updates.merged_lora``; llama.cpp's adapter loader).
 
 A refusal is ``UpdateRefused``: the node logs it and keeps the version it runs.
 """
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from protocol.config import setting
 from protocol.errors import ProtocolError
+from protocol.process.config import setting
 
 # ...q_proj.lora_A.weight, as PEFT saves adapters (``echo_learner.lora``).
 _HALF = re.compile(r"(?P<prefix>.+)\.lora_(?P<half>[AB])\.weight")

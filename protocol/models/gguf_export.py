@@ -2,7 +2,7 @@
 package (no llama.cpp source tree needed).
 
 The input is what every node receives: the manifest's ``config.json`` text and
-the safetensors weights of a model of one of ``protocol.families``. Tensor
+the safetensors weights of a model of one of ``protocol.models.families``. Tensor
 names come from the ``gguf`` package's own per-architecture maps
 (``gguf.get_tensor_name_map``, as llama.cpp's converter uses them); the
 family's fixes (``Family.permute_qk``, ``Family.norm_shift``) are applied as
@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from protocol.bytevocab import byte_chars
-from protocol.families import Family, UnsupportedModel, family_of
-from protocol.files import replacing
+from protocol.models.bytevocab import byte_chars
+from protocol.models.families import Family, UnsupportedModel, family_of
+from protocol.process.files import replacing
 
 if TYPE_CHECKING:
     import gguf  # imported where used: only llama.cpp nodes need it

@@ -38,7 +38,7 @@ from libp2p.io.abc import ReadWriteCloser
 from libp2p.network.exceptions import SwarmException
 from libp2p.peer.id import ID
 
-from protocol.logs import event
+from protocol.process.logs import event
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ import trio
 from libp2p.abc import IHost
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
-from protocol.logs import event
-from protocol.swarm import Swarm
+from protocol.net.swarm import Swarm
+from protocol.process.logs import event
 
 log = logging.getLogger(__name__)
 

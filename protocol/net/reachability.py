@@ -34,7 +34,7 @@ from libp2p.host.autonat.pb.autonat_pb2 import Message
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from protocol.logs import event
+from protocol.process.logs import event
 
 log = logging.getLogger(__name__)
 

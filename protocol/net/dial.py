@@ -33,7 +33,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 
-from protocol.logs import event
+from protocol.process.logs import event
 from protocol.rpc import route
 
 log = logging.getLogger(__name__)

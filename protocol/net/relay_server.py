@@ -51,7 +51,7 @@ from libp2p.relay.circuit_v2.resources import RelayLimits as LibRelayLimits
 from libp2p.relay.circuit_v2.utils import read_delimited_msg, write_delimited_msg
 from multiaddr import Multiaddr
 
-from protocol.logs import event
+from protocol.process.logs import event
 
 log = logging.getLogger(__name__)
 

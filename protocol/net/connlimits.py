@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol.config import setting
+from protocol.process.config import setting
 
 
 @dataclass(frozen=True)

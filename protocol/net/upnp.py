@@ -4,7 +4,7 @@ Many home routers run a UPnP Internet Gateway Device. When one answers, the
 node asks it to forward the TCP port it listens on (the same port outside),
 renews the lease at half its life and deletes the mapping when it stops.
 Peers can then dial the node directly: the AutoNAT dial-back
-(``protocol.reachability``) confirms it and the node advertises the address
+(``protocol.net.reachability``) confirms it and the node advertises the address
 that worked. A router without UPnP (or with it turned off) costs one short
 discovery at start. ``--no-upnp`` turns it off.
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import trio
 
-from protocol.logs import event
+from protocol.process.logs import event
 
 log = logging.getLogger(__name__)
 

@@ -15,14 +15,14 @@ llama.cpp's base tensor, e.g. ``blk.3.attn_q.weight.lora_a`` (r x in) and
 ``scale * (alpha / r) * B @ (A @ x)`` to the base matrix's output, as PEFT does
 with ``lora_alpha / r`` (for ``use_rslora`` pass ``lora_alpha * sqrt(r)``).
 
-For the families whose q and k projections ``protocol.gguf_export`` permutes
+For the families whose q and k projections ``protocol.models.gguf_export`` permutes
 from Hugging Face's rotate-half layout to llama.cpp's interleaved one
 (``Family.permute_qk``: llama, mistral), the rows of
 ``W + B @ A`` are the rows of ``W`` plus the rows of ``B``, so ``lora_b`` of q
 and k gets the same row permutation and ``lora_a`` (whose rows are the rank)
 none.
 
-An adapter reaches this after ``protocol.update_limits.check_adapter``; what
+An adapter reaches this after ``protocol.models.update_limits.check_adapter``; what
 does not depend on the node's limits is checked again here, as the file is
 written for llama.cpp, which loads whatever numbers it is given:
 alpha and every value finite, and a rank no larger than its matrix's
@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from protocol.families import UnsupportedModel, family_of
-from protocol.gguf_export import TensorNames, atomic_writer, permute
-from protocol.update_limits import UpdateRefused
+from protocol.models.families import UnsupportedModel, family_of
+from protocol.models.gguf_export import TensorNames, atomic_writer, permute
+from protocol.models.update_limits import UpdateRefused
 
 # base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight
 #   -> model.layers.3.self_attn.q_proj, "A"
@@ -51,7 +51,7 @@ _PEFT_NAME = re.compile(r"base_model\.model\.(?P<base>.+)\.lora_(?P<half>[AB])(?
 def write_lora_gguf(config_json: str, adapter: dict[str, Any], alpha: float, path: Path | str) -> None:
     """Write ``adapter`` (tensors named as PEFT saves them, numpy arrays or
     torch tensors) as a llama.cpp LoRA adapter at ``path``, atomically, for the
-    base model of ``config_json`` exported by ``protocol.gguf_export``."""
+    base model of ``config_json`` exported by ``protocol.models.gguf_export``."""
     import gguf
 
     if not math.isfinite(alpha):
