@@ -161,3 +161,29 @@ def test_protocol_top_holds_the_language_only():
     assert len(top) <= 12, top
     folders = {f"protocol.{p.name}" for p in (ROOT / "protocol").iterdir() if (p / "__init__.py").exists()}
     assert folders == set(MAY_IMPORT) - {LANGUAGE}, "a new folder needs its row in MAY_IMPORT"
+
+
+def many_parameters(package: str, most: int = 8) -> list[str]:
+    """Functions in ``package`` taking more than ``most`` parameters besides
+    self/cls: state that wants an object, or inputs that want a record."""
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if x is not None]
+                count = len([n for n in names if n not in ("self", "cls")])
+                if count > most:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({count})")
+    return found
+
+
+def test_no_learner_function_takes_more_than_eight_parameters():
+    assert many_parameters("echo_learner") == []
+
+
+def test_the_parameter_count_sees_keyword_only_parameters():
+    """``Verifier.__init__`` takes two positional and six keyword-only ones."""
+    assert any(
+        f.startswith("echo_learner/verify.py") and "__init__ (8)" in f for f in many_parameters("echo_learner", 7)
+    )
