@@ -7,13 +7,16 @@ upload token bucket, ``upload_slots`` at a time with a short queue behind
 requester that stops reading loses its upload after ``stall_s``. The learner
 offers only the chunks not yet sent in its current round and declines the others
 (``ask_others``). Requesters that pass nothing on (``reciprocity``: an empty
-Have, not a neighbour, or banned) are served within the free riders' share.
+Have, not a neighbour, or banned) are served within the free riders' share,
+and only while no other peer's upload runs or waits: their pieces never take
+the uplink from a peer that passes chunks on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -68,6 +71,9 @@ class ChunkServer:
         self.bucket = TokenBucket.from_mbit(engine.config.max_upload_mbit)
         self.free_bucket = TokenBucket.from_mbit(engine.config.free_rider_mbit)
         self._queue = UploadQueue(engine.config.slots(engine.config.max_upload_mbit))
+        # Set while no upload holds or waits for a slot (free riders hold none).
+        self._uplink_idle = trio.Event()
+        self._uplink_idle.set()
         self.standing = Standing(engine.config.initial_credit_chunks, engine.config.credit_s)
         self._policies: dict[tuple[int, str], UploadPolicy] = {}  # by version and variant
 
@@ -125,6 +131,9 @@ class ChunkServer:
                     async def paced(n: int) -> None:
                         if free:
                             await self.free_bucket.take(n)
+                            # Waiting for the others is ours, not a stall of the requester's.
+                            scope.deadline = math.inf
+                            await self._uplink_idle.wait()
                         await self.bucket.take(n)
                         scope.deadline = trio.current_time() + e.config.stall_s
 
@@ -147,6 +156,8 @@ class ChunkServer:
     async def _slot(self, priority: int) -> AsyncIterator[None]:
         """Hold one of the upload slots, waiting in ``UploadQueue``'s order."""
         ready = trio.Event()
+        if self._uplink_idle.is_set():
+            self._uplink_idle = trio.Event()
         self._queue.push(priority, ready)
         self._start_ready()
         try:
@@ -157,12 +168,18 @@ class ChunkServer:
                 self._start_ready()
             else:
                 self._queue.remove(ready)
+            self._note_idle()
             raise
         try:
             yield
         finally:
             self._queue.done()
             self._start_ready()
+            self._note_idle()
+
+    def _note_idle(self) -> None:
+        if self._queue.active == 0 and not self._queue:
+            self._uplink_idle.set()
 
     def _start_ready(self) -> None:
         for ready in self._queue.pop_ready():
