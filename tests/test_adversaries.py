@@ -37,7 +37,8 @@ from protocol.messages import UNSIGNED, ErrorReply
 from protocol.rpc import RequestFailed, request
 from protocol.wire import rollout, work
 from protocol.wire.rollout import Completion, Receipt
-from protocol.wire.work import WorkAssignment, WorkRequest
+from protocol.wire.work import WorkAssignment
+from tests.protocol.samples import work_request
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
@@ -226,18 +227,7 @@ async def test_dishonest_nodes_are_refused_and_honest_ones_are_not(swarm_factory
 
 
 async def _ask_for_work(node):
-    req = WorkRequest(
-        job_id=node.job_id,
-        max_prompts=4,
-        held_version=node.version,
-        backend="torch",
-        dtype="f32",
-        name="",
-        reachability="unknown",
-        device="cpu",
-        memory_mib=0,
-        tokens_per_s=0.0,
-    )
+    req = work_request(job_id=node.job_id, held_version=node.version)
     return await request(
         node.swarm.host, node.learner, work.PROTOCOL, lambda stream: work.ask(stream, req), timeout_s=30
     )

@@ -16,21 +16,18 @@ from echo_learner.ingest import Ingest
 from echo_learner.ledger import Ledger
 from echo_learner.peers import PeerBook
 from echo_learner.tasks.reverse import ReverseTask
-from protocol.wire.work import NoWork, WorkAssignment, WorkRequest
+from protocol.wire.work import NoWork, WorkAssignment
 from tests.learner.test_verify import GOOD, LIMITS, pool_with_prompt_7
-from tests.protocol.samples import LEARNER, NODE, batch
+from tests.protocol.samples import LEARNER, NODE, batch, work_request
 
-REQUEST = WorkRequest(
+REQUEST = work_request(
     job_id=LIMITS.job_id,
     max_prompts=8,
     held_version=8,
     backend="llama",
     dtype="q8_0",
-    name="",
     reachability="public",
-    device="cpu",
     memory_mib=1024,
-    tokens_per_s=0.0,
 )
 
 

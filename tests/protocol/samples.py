@@ -31,6 +31,23 @@ def batch(identity: Identity = NODE, **overrides) -> RolloutBatch:
     return identity.sign(RolloutBatch(**fields))
 
 
+def work_request(**fields) -> WorkRequest:
+    """A work request as a torch f32 node on a CPU sends it; ``fields`` override."""
+    sent = dict(
+        job_id="reverse-test",
+        max_prompts=4,
+        held_version=-1,
+        backend="torch",
+        dtype="f32",
+        name="",
+        reachability="unknown",
+        device="cpu",
+        memory_mib=0,
+        tokens_per_s=0.0,
+    )
+    return WorkRequest(**{**sent, **fields})
+
+
 def all_messages() -> list:
     signed_manifest, _ = manifest.build(
         LEARNER,
@@ -49,17 +66,8 @@ def all_messages() -> list:
         )
     )
     return [
-        WorkRequest(
-            job_id="reverse-test",
-            max_prompts=4,
-            held_version=-1,
-            backend="torch",
-            dtype="f32",
-            name="node <b>one</b>",
-            reachability="private",
-            device="cuda",
-            memory_mib=8192,
-            tokens_per_s=1234.5,
+        work_request(
+            name="node <b>one</b>", reachability="private", device="cuda", memory_mib=8192, tokens_per_s=1234.5
         ),
         WorkAssignment("reverse-test", 3, 1, (Prompt(1, (257, 97, 98, 99, 61)),), 16, 4, 1.0, (258,), 99),
         NoWork("reverse-test", 3, 0, "all prompts taken"),

@@ -11,21 +11,10 @@ from protocol.wire.chunk import ChunkData
 from protocol.wire.rollout import RolloutBatch
 from protocol.wire.work import WorkRequest
 
-from .samples import all_messages
+from .samples import all_messages, work_request
 
 SAMPLES = all_messages()
-REQUEST = WorkRequest(
-    job_id="j",
-    max_prompts=1,
-    held_version=-1,
-    backend="torch",
-    dtype="f32",
-    name="",
-    reachability="public",
-    device="cpu",
-    memory_mib=0,
-    tokens_per_s=0.0,
-)
+REQUEST = work_request(job_id="j", max_prompts=1, reachability="public")
 
 
 def test_samples_cover_every_kind():

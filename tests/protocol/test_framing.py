@@ -6,6 +6,8 @@ from protocol import framing
 from protocol.errors import MessageTooLarge, StreamClosed
 from protocol.wire.work import WorkRequest
 
+from .samples import work_request
+
 
 class MemoryStream:
     """A trio in-memory stream with py-libp2p's read/write interface."""
@@ -33,18 +35,7 @@ def pair():
 
 async def test_message_round_trip():
     a, b = pair()
-    msg = WorkRequest(
-        job_id="job",
-        max_prompts=4,
-        held_version=-1,
-        backend="torch",
-        dtype="f32",
-        name="",
-        reachability="unknown",
-        device="cpu",
-        memory_mib=0,
-        tokens_per_s=0.0,
-    )
+    msg = work_request(job_id="job")
     await framing.send(a, msg)
     assert await framing.receive(b, WorkRequest) == msg
 
