@@ -15,7 +15,9 @@
   cancelled and reissued elsewhere, and its peer dropped for that version and
   struck (the learner only rests: it is busy, not hostile); ``stalls_to_ban``
   strikes, a chunk that fails its hash, or a denied chunk the peer announces,
-  ban the peer from our downloads for ``ban_s``.
+  ban the peer from our downloads for ``ban_s``. A request that another
+  holder's endgame copy overtook before its first byte is a stall only for
+  a peer that has never sent us a good chunk.
 - Finds neighbours through DHT provider records of the job's swarm key.
 - Runs bases in the process's ``variant`` when it has one (a llama.cpp q8_0
   node: the q8_0 GGUF the learner publishes beside each LoRA base, see
@@ -562,6 +564,7 @@ class BroadcastEngine:
                 guessed=self.download is None or not self.download.durations,
                 is_neighbour=self.neighbours.__contains__,
                 announces=self._announces,
+                trusted=self._trusted.__contains__,
             )
         except PEER_ERRORS as exc:
             event(log, logging.DEBUG, "chunk request failed", peer=peer, idx=idx, error=exc)

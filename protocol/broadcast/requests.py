@@ -37,7 +37,7 @@ OK = "ok"
 BAD = "bad"  # the chunk failed its hash, or is not the one asked for
 DENIED = "denied"  # refused a chunk the peer announces
 STALLED = "stalled"  # no byte within the timeout, or none for stall_s once they flowed
-OVERTAKEN = "overtaken"  # another peer's copy came first
+OVERTAKEN = "overtaken"  # another peer's copy came first (see ``request``)
 FAILED = "failed"
 # and the server's own codes: chunk.BUSY, chunk.ASK_OTHERS
 
@@ -48,6 +48,7 @@ class _OpenRequest:
     started: float
     guessed: bool  # its timeout is the first guess, made before any request time was measured
     received: int = 0  # bytes so far
+    overtaken: bool = False  # cancelled because another peer's copy of the chunk came first
 
 
 class ChunkRequests:
@@ -70,12 +71,19 @@ class ChunkRequests:
         guessed: bool,
         is_neighbour: Callable[[str], bool],
         announces: Callable[[str, Manifest, int], bool],
+        trusted: Callable[[str], bool],
     ) -> str:
         """Ask ``peer`` for chunk ``idx`` of ``m`` and store it; the outcome.
         ``guessed``: ``timeout_s`` is a first guess. Asked once the reply is in:
         ``is_neighbour(peer)`` (only then is its stream kept for reuse) and
         ``announces(peer, m, idx)`` (its latest Have names the chunk, so
-        refusing it is a lie)."""
+        refusing it is a lie).
+
+        A request that another peer's copy overtook (``cancel_copies``) before
+        its first byte is ``STALLED`` only if ``trusted(peer)`` is false (the
+        peer never sent us a good chunk). One that has was only slower this
+        once: counting that as a stall had honest nodes on one busy machine
+        ban each other within a minute (bench/attacks.py baselines)."""
         lanes = self._lanes.setdefault(peer, [])
         stream = lanes.pop() if lanes else None
         reusable = False
@@ -100,7 +108,7 @@ class ChunkRequests:
                 elif stream is not None:
                     await discard(stream)
         if scope.cancelled_caught:
-            if idx in self.store.chunks_held(m.version) and open_request.received:
+            if open_request.overtaken and (open_request.received or trusted(peer)):
                 return OVERTAKEN
             self.stats.stalls[peer] += 1
             event(log, logging.INFO, "peer stalled; reissuing", peer=peer, chunk=idx)
@@ -133,10 +141,11 @@ class ChunkRequests:
                 open_request.guessed = False
 
     def cancel_copies(self, idx: int, done_by: str) -> None:
-        """Chunk ``idx`` came from ``done_by``: end the endgame copies asked of
-        others (one that sent no byte of it meanwhile counts as stalled)."""
+        """Chunk ``idx`` came from ``done_by``: end the requests for it to
+        others (see ``request`` for what they count as)."""
         for (other, i), open_request in list(self._open.items()):
             if i == idx and other != done_by:
+                open_request.overtaken = True
                 open_request.scope.cancel()
 
     async def forget(self, peer: str) -> None:

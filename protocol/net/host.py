@@ -11,12 +11,15 @@
   256 established inbound connections and 1,000 in all, whatever
   ``ConnectionConfig`` says, so a learner stopped taking nodes at 256
   (bench/swarm_load.py).
+- A stream to a peer whose every listed connection is closed dials afresh
+  (``dial_past_closed_connections``).
 """
 
 from __future__ import annotations
 
 import resource
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import multiaddr
 from libp2p import create_yamux_muxer_option, new_host
@@ -142,6 +145,7 @@ def make_host(
         addrs_factory=expand_wildcards,
     )
     (gate or InboundGate(ConnectionSettings().connections_per_ip)).install(host)
+    dial_past_closed_connections(host)
     if extra_addrs is not None:
         # Not through addrs_factory: py-libp2p cuts each advertised address at
         # its first /p2p/, which would turn a relayed one into the relay's own.
@@ -149,6 +153,29 @@ def make_host(
         me = multiaddr.Multiaddr(f"/p2p/{identity.peer_id_str}")
         host.get_addrs = lambda: [*listen_addrs(), *(a.encapsulate(me) for a in extra_addrs())]  # type: ignore[method-assign]
     return host
+
+
+def dial_past_closed_connections(host: IHost) -> None:
+    """Make ``new_stream`` dial when every connection it knows to the peer is closed.
+
+    py-libp2p 0.8 keeps a closed connection listed for at least 100 ms
+    (``Yamux.close`` sleeps before the swarm forgets it), and a stream opened
+    in that window neither uses it nor dials a new one: "No valid connections
+    available". A node whose learner connection closed just then dropped a
+    finished batch, and a sync learner waited ~30 s for those prompts
+    (5 of 198 bench/attacks.py swarms). Nothing was sent on the closed
+    connection, so dialling and opening the stream is safe.
+    """
+    swarm: Any = host.get_network()
+    new_stream = swarm.new_stream
+
+    async def new_stream_dialling(peer_id: ID) -> Any:
+        listed = swarm.get_connections(peer_id)
+        if listed and all(conn.is_closed for conn in listed):
+            await swarm.dial_peer(peer_id)  # skips the closed ones
+        return await new_stream(peer_id)
+
+    swarm.new_stream = new_stream_dialling
 
 
 def _local_ipv4() -> list[str]:

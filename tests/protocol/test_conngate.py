@@ -109,7 +109,9 @@ async def test_a_banned_peer_is_refused_both_ways_until_its_ban_ends():
         bans.ban(banned.peer_id, time.time() + 60)
         with pytest.raises(Exception):
             await ask(target, banned)  # refused once Noise names it: no stream opens
-        assert bans.refused == 1
+        # Once per dial: its stream redials over the closed connection (protocol.net.host).
+        assert bans.refused >= 1
+        refused_inbound = bans.refused
         assert await ask(target, other) == "served"  # nobody else is
 
         # Outbound too: the server dialling the banned peer keeps no connection.
@@ -119,7 +121,7 @@ async def test_a_banned_peer_is_refused_both_ways_until_its_ban_ends():
             with pytest.raises(Exception), trio.fail_after(10):
                 await server.connect(peer)  # py-libp2p retries a failed dial: one refusal each
                 await server.new_stream(peer.peer_id, ["/test/1"])
-            assert bans.refused > 1
+            assert bans.refused > refused_inbound
 
         bans.ban(banned.peer_id, time.time() - 1)  # the ban has ended
         assert await ask(target, banned) == "served"

@@ -4,6 +4,7 @@ import time as _time
 
 import pytest
 import trio
+import trio.testing
 from libp2p import create_yamux_muxer_option, new_host
 from libp2p.network import swarm as libp2p_swarm
 from libp2p.network.config import ConnectionConfig
@@ -181,3 +182,23 @@ async def test_py_libp2p_closes_a_peers_older_connection_when_a_second_arrives(m
 
 async def test_a_kept_peers_connection_survives_a_second_one_under_its_id(monkeypatch):
     assert await _second_connection_under_one_id(monkeypatch, kept=True)
+
+
+async def test_a_stream_dials_afresh_while_a_closed_connection_is_still_listed():
+    """py-libp2p lists a closing connection for 100 ms more; a node that asked
+    its learner then got "No valid connections available" and lost a batch."""
+    server = answering_host("after the close")
+    client = make_host(Identity.generate(), [LOOPBACK])
+    addr = parse_multiaddr(LOOPBACK)
+    async with server.run([addr]), client.run([addr]), trio.open_nursery() as nursery:
+        target = info_from_p2p_addr(parse_multiaddr(full_addrs(server)[0]))
+        with trio.fail_after(20):
+            await client.connect(target)
+        old = client.get_network().get_connections(target.peer_id)[0]
+        nursery.start_soon(old.close)
+        await trio.testing.wait_all_tasks_blocked(0.01)
+        assert old.is_closed and client.get_network().get_connections(target.peer_id) == [old]
+        with trio.fail_after(20):
+            stream = await client.new_stream(target.peer_id, ["/test/1"])
+            reply = await framing.receive(stream, ErrorReply)
+        assert reply.message == "after the close"

@@ -1,0 +1,134 @@
+"""What a chunk request that another peer's copy overtook counts as.
+
+Real hosts over loopback: a holder that takes the request and then sends
+nothing (or one piece), and the requester's ``ChunkRequests``. When the chunk
+arrives from elsewhere meanwhile (``cancel_copies``, the endgame), a peer
+that never sent us a good chunk has stalled; one that has was only slower
+this once and must not be struck for it (honest nodes on a busy machine
+banned each other that way).
+"""
+
+import pytest
+import trio
+import trio.testing
+from libp2p.peer.peerinfo import PeerInfo
+
+from protocol import manifest
+from protocol.broadcast import requests as outcomes
+from protocol.broadcast.requests import ChunkRequests
+from protocol.broadcast.settings import Stats
+from protocol.broadcast.store import VersionStore
+from protocol.identity import Identity
+from protocol.net.swarm import open_swarm
+from protocol.wire import chunk
+from protocol.wire.chunk import ChunkData
+from tests.protocol.samples import LEARNER
+
+JOB = "reverse-test"
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+CHUNK = 4096
+
+
+def version():
+    return manifest.build(
+        LEARNER,
+        job_id=JOB,
+        version=1,
+        parent_version=0,
+        task="reverse",
+        model_config="{}",
+        tokenizer_digest=b"t" * 32,
+        weights=bytes(range(256)) * (2 * CHUNK // 256),
+        chunk_size=CHUNK,
+    )
+
+
+class Holder:
+    """Takes each chunk request, sends ``pieces`` pieces of it (256 bytes
+    each), then holds the rest until the test ends."""
+
+    def __init__(self, chunks: list[bytes], pieces: int):
+        self.chunks, self.pieces = chunks, pieces
+        self.holding = trio.Event()
+
+    async def handle(self, stream) -> None:
+        request = await chunk.next_request(stream)
+        sent = 0
+
+        async def before_piece(n: int) -> None:
+            nonlocal sent
+            if sent == self.pieces:
+                self.holding.set()
+                await trio.sleep_forever()
+            sent += 1
+
+        data = self.chunks[request.index]
+        await chunk.send_chunk(
+            stream, ChunkData(JOB, request.version, request.index, data), piece_bytes=256, before_piece=before_piece
+        )
+
+
+async def ask(tmp_path, *, pieces: int, trusted: bool, overtake: bool, timeout_s: float = 30.0):
+    """One request to a holder; the copy from elsewhere comes once the holder
+    holds (if ``overtake``). Returns (outcome, stalls counted)."""
+    m, chunks = version()
+    store = VersionStore(tmp_path, learner_id=LEARNER.peer_id_str, keep=2)
+    store.add_manifest(m)
+    holder = Holder(chunks, pieces)
+    async with (
+        open_swarm(Identity.generate(), LOOPBACK, server=True) as client,
+        open_swarm(Identity.generate(), LOOPBACK, server=True) as holder_swarm,
+        trio.open_nursery() as nursery,
+    ):
+        holder_swarm.host.set_stream_handler(chunk.PROTOCOL, holder.handle)
+        peer = holder_swarm.host.get_id().to_base58()
+        await client.host.connect(PeerInfo(holder_swarm.host.get_id(), holder_swarm.host.get_addrs()))
+        stats = Stats()
+        requests = ChunkRequests(client, store, JOB, stall_s=30.0, stats=stats)
+        outcome, done = [], trio.Event()
+
+        async def request() -> None:
+            outcome.append(
+                await requests.request(
+                    m,
+                    peer,
+                    0,
+                    timeout_s,
+                    guessed=False,
+                    is_neighbour=lambda p: True,
+                    announces=lambda p, m, idx: True,
+                    trusted=lambda p: trusted,
+                )
+            )
+            done.set()
+
+        nursery.start_soon(request)
+        await holder.holding.wait()
+        if overtake:
+            await trio.testing.wait_all_tasks_blocked(0.05)  # the pieces sent are read
+            store.save_chunk(m, 0, chunks[0])  # another peer's copy
+            store.mark_held(m.version, 0)
+            requests.cancel_copies(0, done_by="another peer")
+        with trio.fail_after(timeout_s + 10):
+            await done.wait()
+        nursery.cancel_scope.cancel()
+    return outcome[0], stats.stalls[peer]
+
+
+@pytest.mark.parametrize(
+    "pieces, trusted, expected",
+    [
+        (0, True, outcomes.OVERTAKEN),  # it has served us: slower this once
+        (0, False, outcomes.STALLED),  # a stranger that sent nothing: a staller, as before
+        (1, False, outcomes.OVERTAKEN),  # its bytes were flowing
+    ],
+)
+async def test_a_request_overtaken_by_another_copy(tmp_path, pieces, trusted, expected):
+    outcome, stalls = await ask(tmp_path, pieces=pieces, trusted=trusted, overtake=True)
+    assert outcome == expected
+    assert stalls == (1 if expected == outcomes.STALLED else 0)
+
+
+async def test_a_trusted_peer_that_outlasts_its_timeout_has_stalled(tmp_path):
+    outcome, stalls = await ask(tmp_path, pieces=0, trusted=True, overtake=False, timeout_s=0.5)
+    assert (outcome, stalls) == (outcomes.STALLED, 1)
