@@ -15,9 +15,10 @@
   cancelled and reissued elsewhere, and its peer dropped for that version and
   struck (the learner only rests: it is busy, not hostile); ``stalls_to_ban``
   strikes, a chunk that fails its hash, or a denied chunk the peer announces,
-  ban the peer from our downloads for ``ban_s``. A request that another
-  holder's endgame copy overtook before its first byte is a stall only for
-  a peer that has never sent us a good chunk.
+  ban the peer from our downloads for ``ban_s``. A request overtaken by
+  another holder's endgame copy is no stall; one to a peer that has never
+  sent us a good chunk, with no byte yet, runs on to find out whether it
+  answers (``ChunkRequests.request``).
 - Finds neighbours through DHT provider records of the job's swarm key.
 - Runs bases in the process's ``variant`` when it has one (a llama.cpp q8_0
   node: the q8_0 GGUF the learner publishes beside each LoRA base, see

@@ -47,6 +47,7 @@ class _OpenRequest:
     scope: trio.CancelScope
     started: float
     guessed: bool  # its timeout is the first guess, made before any request time was measured
+    trusted: bool  # the peer has sent us a good chunk before
     received: int = 0  # bytes so far
     overtaken: bool = False  # cancelled because another peer's copy of the chunk came first
 
@@ -79,17 +80,19 @@ class ChunkRequests:
         ``announces(peer, m, idx)`` (its latest Have names the chunk, so
         refusing it is a lie).
 
-        A request that another peer's copy overtook (``cancel_copies``) before
-        its first byte is ``STALLED`` only if ``trusted(peer)`` is false (the
-        peer never sent us a good chunk). One that has was only slower this
-        once: counting that as a stall had honest nodes on one busy machine
-        ban each other within a minute (bench/attacks.py baselines)."""
+        When another peer's copy comes first (``cancel_copies``), a request
+        to a peer that has sent us a good chunk (``trusted(peer)``) ends
+        ``OVERTAKEN``: the peer was only slower this once. Counting that as a
+        stall had honest nodes on one busy machine ban each other within a
+        minute (bench/attacks.py baselines). A stranger's request with no
+        byte yet runs on to its answer or its timeout: that tells an honest
+        peer (now trusted) from one that never sends (``STALLED``)."""
         lanes = self._lanes.setdefault(peer, [])
         stream = lanes.pop() if lanes else None
         reusable = False
         started = trio.current_time()
         with trio.CancelScope(deadline=started + timeout_s) as scope:
-            open_request = self._open[(peer, idx)] = _OpenRequest(scope, started, guessed)
+            open_request = self._open[(peer, idx)] = _OpenRequest(scope, started, guessed, trusted(peer))
 
             def progress(n: int) -> None:
                 open_request.received += n
@@ -108,7 +111,7 @@ class ChunkRequests:
                 elif stream is not None:
                     await discard(stream)
         if scope.cancelled_caught:
-            if open_request.overtaken and (open_request.received or trusted(peer)):
+            if open_request.overtaken:
                 return OVERTAKEN
             self.stats.stalls[peer] += 1
             event(log, logging.INFO, "peer stalled; reissuing", peer=peer, chunk=idx)
@@ -142,9 +145,9 @@ class ChunkRequests:
 
     def cancel_copies(self, idx: int, done_by: str) -> None:
         """Chunk ``idx`` came from ``done_by``: end the requests for it to
-        others (see ``request`` for what they count as)."""
+        others, but a stranger's with no byte yet (see ``request``)."""
         for (other, i), open_request in list(self._open.items()):
-            if i == idx and other != done_by:
+            if i == idx and other != done_by and (open_request.trusted or open_request.received):
                 open_request.overtaken = True
                 open_request.scope.cancel()
 

@@ -1,11 +1,12 @@
 """What a chunk request that another peer's copy overtook counts as.
 
-Real hosts over loopback: a holder that takes the request and then sends
-nothing (or one piece), and the requester's ``ChunkRequests``. When the chunk
-arrives from elsewhere meanwhile (``cancel_copies``, the endgame), a peer
-that never sent us a good chunk has stalled; one that has was only slower
-this once and must not be struck for it (honest nodes on a busy machine
-banned each other that way).
+Real hosts over loopback: a holder that takes the request, sends nothing (or
+one piece) and holds the rest, and the requester's ``ChunkRequests``. When the
+chunk arrives from elsewhere meanwhile (``cancel_copies``, the endgame), a
+peer that has sent us good chunks was only slower this once and must not be
+struck for it (honest nodes on a busy machine banned each other that way). A
+stranger's request runs on until it answers (an honest peer) or times out (a
+staller).
 """
 
 import pytest
@@ -45,11 +46,11 @@ def version():
 
 class Holder:
     """Takes each chunk request, sends ``pieces`` pieces of it (256 bytes
-    each), then holds the rest until the test ends."""
+    each), then holds the rest until ``release`` is set."""
 
     def __init__(self, chunks: list[bytes], pieces: int):
         self.chunks, self.pieces = chunks, pieces
-        self.holding = trio.Event()
+        self.holding, self.release = trio.Event(), trio.Event()
 
     async def handle(self, stream) -> None:
         request = await chunk.next_request(stream)
@@ -59,7 +60,7 @@ class Holder:
             nonlocal sent
             if sent == self.pieces:
                 self.holding.set()
-                await trio.sleep_forever()
+                await self.release.wait()
             sent += 1
 
         data = self.chunks[request.index]
@@ -68,9 +69,10 @@ class Holder:
         )
 
 
-async def ask(tmp_path, *, pieces: int, trusted: bool, overtake: bool, timeout_s: float = 30.0):
-    """One request to a holder; the copy from elsewhere comes once the holder
-    holds (if ``overtake``). Returns (outcome, stalls counted)."""
+async def ask(tmp_path, *, pieces: int, trusted: bool, overtake: bool, answer_after: bool, timeout_s: float):
+    """One request to a holder. Once the holder holds, the copy from elsewhere
+    comes (if ``overtake``), then the holder sends the rest (if
+    ``answer_after``). Returns (outcome, stalls counted)."""
     m, chunks = version()
     store = VersionStore(tmp_path, learner_id=LEARNER.peer_id_str, keep=2)
     store.add_manifest(m)
@@ -104,31 +106,38 @@ async def ask(tmp_path, *, pieces: int, trusted: bool, overtake: bool, timeout_s
 
         nursery.start_soon(request)
         await holder.holding.wait()
+        await trio.testing.wait_all_tasks_blocked(0.05)  # the pieces sent are read
         if overtake:
-            await trio.testing.wait_all_tasks_blocked(0.05)  # the pieces sent are read
             store.save_chunk(m, 0, chunks[0])  # another peer's copy
             store.mark_held(m.version, 0)
             requests.cancel_copies(0, done_by="another peer")
+        if answer_after:
+            await trio.testing.wait_all_tasks_blocked(0.05)
+            assert not done.is_set()  # it was left to run
+            holder.release.set()
         with trio.fail_after(timeout_s + 10):
             await done.wait()
+        holder.release.set()
         nursery.cancel_scope.cancel()
     return outcome[0], stats.stalls[peer]
 
 
 @pytest.mark.parametrize(
-    "pieces, trusted, expected",
+    "pieces, trusted, answer_after, timeout_s, expected",
     [
-        (0, True, outcomes.OVERTAKEN),  # it has served us: slower this once
-        (0, False, outcomes.STALLED),  # a stranger that sent nothing: a staller, as before
-        (1, False, outcomes.OVERTAKEN),  # its bytes were flowing
+        (0, True, False, 30.0, outcomes.OVERTAKEN),  # it has served us: slower this once
+        (1, False, False, 30.0, outcomes.OVERTAKEN),  # a stranger whose bytes were flowing
+        (0, False, True, 30.0, outcomes.OK),  # a stranger, slow but honest: it answers
+        (0, False, False, 1.0, outcomes.STALLED),  # a stranger that never sends: its timeout
     ],
 )
-async def test_a_request_overtaken_by_another_copy(tmp_path, pieces, trusted, expected):
-    outcome, stalls = await ask(tmp_path, pieces=pieces, trusted=trusted, overtake=True)
-    assert outcome == expected
-    assert stalls == (1 if expected == outcomes.STALLED else 0)
+async def test_a_request_overtaken_by_another_copy(tmp_path, pieces, trusted, answer_after, timeout_s, expected):
+    outcome, stalls = await ask(
+        tmp_path, pieces=pieces, trusted=trusted, overtake=True, answer_after=answer_after, timeout_s=timeout_s
+    )
+    assert (outcome, stalls) == (expected, 1 if expected == outcomes.STALLED else 0)
 
 
 async def test_a_trusted_peer_that_outlasts_its_timeout_has_stalled(tmp_path):
-    outcome, stalls = await ask(tmp_path, pieces=0, trusted=True, overtake=False, timeout_s=0.5)
+    outcome, stalls = await ask(tmp_path, pieces=0, trusted=True, overtake=False, answer_after=False, timeout_s=0.5)
     assert (outcome, stalls) == (outcomes.STALLED, 1)
