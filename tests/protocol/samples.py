@@ -31,6 +31,22 @@ def batch(identity: Identity = NODE, **overrides) -> RolloutBatch:
     return identity.sign(RolloutBatch(**fields))
 
 
+def patterned_version(job_id: str, *, chunk_size: int, n_chunks: int) -> tuple:
+    """Version 1 of ``job_id``, signed by ``LEARNER``: its manifest and its
+    ``n_chunks`` chunks of patterned bytes."""
+    return manifest.build(
+        LEARNER,
+        job_id=job_id,
+        version=1,
+        parent_version=0,
+        task="reverse",
+        model_config="{}",
+        tokenizer_digest=b"t" * 32,
+        weights=bytes(range(256)) * (n_chunks * chunk_size // 256),
+        chunk_size=chunk_size,
+    )
+
+
 def work_request(**fields) -> WorkRequest:
     """A work request as a torch f32 node on a CPU sends it; ``fields`` override."""
     sent = dict(

@@ -14,7 +14,6 @@ import trio
 import trio.testing
 from libp2p.peer.peerinfo import PeerInfo
 
-from protocol import manifest
 from protocol.broadcast import requests as outcomes
 from protocol.broadcast.requests import ChunkRequests
 from protocol.broadcast.settings import Stats
@@ -23,25 +22,11 @@ from protocol.identity import Identity
 from protocol.net.swarm import open_swarm
 from protocol.wire import chunk
 from protocol.wire.chunk import ChunkData
-from tests.protocol.samples import LEARNER
+from tests.protocol.samples import LEARNER, patterned_version
 
 JOB = "reverse-test"
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 CHUNK = 4096
-
-
-def version():
-    return manifest.build(
-        LEARNER,
-        job_id=JOB,
-        version=1,
-        parent_version=0,
-        task="reverse",
-        model_config="{}",
-        tokenizer_digest=b"t" * 32,
-        weights=bytes(range(256)) * (2 * CHUNK // 256),
-        chunk_size=CHUNK,
-    )
 
 
 class Holder:
@@ -73,7 +58,7 @@ async def ask(tmp_path, *, pieces: int, trusted: bool, overtake: bool, answer_af
     """One request to a holder. Once the holder holds, the copy from elsewhere
     comes (if ``overtake``), then the holder sends the rest (if
     ``answer_after``). Returns (outcome, stalls counted)."""
-    m, chunks = version()
+    m, chunks = patterned_version(JOB, chunk_size=CHUNK, n_chunks=2)
     store = VersionStore(tmp_path, learner_id=LEARNER.peer_id_str, keep=2)
     store.add_manifest(m)
     holder = Holder(chunks, pieces)

@@ -24,7 +24,7 @@ from protocol.net.swarm import open_swarm
 from protocol.wire import chunk, have
 from protocol.wire.chunk import ChunkData, ChunkRequest
 from protocol.wire.have import Have
-from tests.protocol.samples import LEARNER
+from tests.protocol.samples import LEARNER, patterned_version
 
 JOB = "reverse-test"
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
@@ -67,17 +67,7 @@ def test_free_riders_are_admitted_one_requesters_worth():
 
 
 def version():
-    return manifest.build(
-        LEARNER,
-        job_id=JOB,
-        version=1,
-        parent_version=0,
-        task="reverse",
-        model_config="{}",
-        tokenizer_digest=b"t" * 32,
-        weights=bytes(range(256)) * (N_CHUNKS * CHUNK // 256),
-        chunk_size=CHUNK,
-    )
+    return patterned_version(JOB, chunk_size=CHUNK, n_chunks=N_CHUNKS)
 
 
 class Tally:
