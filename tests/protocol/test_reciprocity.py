@@ -11,7 +11,6 @@ import itertools
 import trio
 from libp2p.peer.peerinfo import PeerInfo
 
-from protocol import manifest
 from protocol.broadcast import bitfield
 from protocol.broadcast.engine import BroadcastEngine
 from protocol.broadcast.reciprocity import Standing
@@ -38,10 +37,7 @@ def empty_have(m) -> Have:
 
 def test_a_peer_that_names_no_chunk_rides_free_after_its_initial_credit():
     s = Standing(initial_credit_chunks=2, credit_s=60)
-    m, _ = manifest.build(
-        LEARNER, job_id=JOB, version=1, parent_version=0, task="reverse", model_config="{}",
-        tokenizer_digest=b"t" * 32, weights=bytes(4 * CHUNK), chunk_size=CHUNK,
-    )  # fmt: skip
+    m, _ = patterned_version(JOB, chunk_size=CHUNK, n_chunks=4)
     s.note_have("newcomer", empty_have(m), now=0)
     for _ in range(2):
         assert not s.free_rider("newcomer", 0, neighbour=True, banned=False)  # it must get started
@@ -64,10 +60,6 @@ def test_free_riders_are_admitted_one_requesters_worth():
     assert p.allow(3, "honest") == "ok"  # the rest stays free for peers that redistribute
     p.finished(0, ok=True, free=True)
     assert p.allow(4, "L9", free=True) == "ok"
-
-
-def version():
-    return patterned_version(JOB, chunk_size=CHUNK, n_chunks=N_CHUNKS)
 
 
 class Tally:
@@ -123,7 +115,7 @@ async def first_chunk(engines, version: int) -> None:
 
 
 async def test_a_leecher_with_an_empty_have_waits_while_honest_nodes_download(tmp_path):
-    m, chunks = version()
+    m, chunks = patterned_version(JOB, chunk_size=CHUNK, n_chunks=N_CHUNKS)
     relay_store = VersionStore(tmp_path / "relay", learner_id=LEARNER.peer_id_str, keep=2)
     relay_store.add_manifest(m)
     for idx, data in enumerate(chunks):
