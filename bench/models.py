@@ -16,7 +16,10 @@ hidden 1024, 16 heads / 8 KV heads, head_dim 128, vocab 151,936, tied
 embeddings, q/k norms; random weights in bf16) trained with LoRA r16 by a
 real learner, with a llama.cpp q8_0 node and a torch f32 node, real
 processes on 127.0.0.1, short answers, until every node has ``--rollouts-per-node``
-rollouts accepted over at least ``--versions`` adapter versions. Prints
+rollouts accepted over at least ``--versions`` adapter versions. Random
+weights score 0 on every prompt, so training leaves the adapters as they
+start: they start non-zero (``--lora-init-scale 0.01``), so that the q8_0
+node's log-probs are checked against a policy its base alone is not. Prints
 ``base_bytes_per_param``, ``q8_base_bytes_per_param`` (the signed q8_0
 GGUF the q8_0 node fetches in place of the base), ``adapter_over_base``,
 ``rollouts_checked`` and
@@ -206,7 +209,7 @@ def run_qwen3(args: argparse.Namespace, root: Path) -> dict:
     with local_swarm(root / "swarm") as swarm:
         swarm.start_bootstrap()
         learner = swarm.start_learner(
-            "--model", str(model_dir), "--lora", "16", "--lr", "2e-4", "--steps", "1000000",
+            "--model", str(model_dir), "--lora", "16", "--lr", "2e-4", "--steps", "1000000", "--lora-init-scale", "0.01",
             "--group-size", "4", "--prompts-per-step", "4", "--max-new-tokens", str(args.max_new_tokens),
             "--torch-threads", "1", *verbose,
         )  # fmt: skip

@@ -165,7 +165,9 @@ def routes(learner: Learner) -> dict[str, Callable[[dict[str, list[str]]], Any]]
         **{path: (lambda q, body=body: body) for path, body in pages.items()},
         "/metrics": lambda q: Body(metrics.CONTENT_TYPE, learner.metrics.render()),
         "/api/status": lambda q: learner.status(),
-        "/api/peers": lambda q: {"peers": learner.peers.to_json()},
+        "/api/peers": lambda q: {
+            "peers": [{**p, "evidence": learner.verifier.evidence.of(p["peer"])} for p in learner.peers.to_json()]
+        },
         "/api/history": lambda q: {
             "steps": list(learner.history)[-_limit(q, 1000) :],
             "heldout": list(learner.heldout.results)[-_limit(q, 1000) :],

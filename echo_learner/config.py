@@ -119,6 +119,13 @@ class LearnerConfig(ConnectionSettings):
         "comma-separated names of the linear layers that get adapters, or all-linear: every linear layer "
         "of the decoder blocks, found in the model (the attention and MLP projections of any family)",
     )
+    lora_init_scale: float = setting(
+        0.0,
+        "standard deviation of the adapters' B matrices at the start (0: zeros, the first version is the base "
+        "model itself; above 0 it already differs from it, e.g. 0.01, which checks that nodes apply adapters)",
+        lo=0.0,
+        hi=1.0,
+    )
     q8_base: bool = setting(
         True,
         "with --lora: publish the base also as a signed q8_0 GGUF, which llama.cpp q8_0 nodes fetch "
@@ -227,6 +234,14 @@ class LearnerConfig(ConnectionSettings):
         1024,
         "most tokens in one such pass (passes far larger are slower per token on a CPU: their logits leave its caches)",
         lo=1,
+    )
+    precision_checks: float = setting(
+        0.25,
+        "share of a peer's batches also recomputed in the arithmetic of the backend and dtype it declares, "
+        "after its first 8 (each costs a second forward pass; it tells a cheaper quantisation from the "
+        "declared one, docs/learner.md)",
+        lo=0.0,
+        hi=1.0,
     )
     checkpoint_every: int = setting(10, "write a checkpoint every N steps", lo=1)
     resume: bool = setting(False, "continue from the checkpoint in --data-dir")

@@ -38,7 +38,7 @@ from protocol.messages import UNKNOWN_JOB, UNSIGNED, ErrorReply
 from protocol.process.logs import event
 from protocol.rpc import remote_peer, route
 from protocol.wire import rollout, work
-from protocol.wire.rollout import MALFORMED, Receipt, RolloutBatch
+from protocol.wire.rollout import MALFORMED, Receipt, RolloutBatch, RolloutGroup
 from protocol.wire.work import NoWork, Prompt, WorkAssignment, WorkRequest
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,12 @@ class Counters:
     batches_accepted: int = 0
     batches_refused: int = 0
     refused: Counter[str] = field(default_factory=Counter)  # batches refused since start, by reason
+
+
+def credited_tokens(batch: RolloutBatch) -> int:
+    """The tokens ``batch`` earns credit for: a completion repeated within
+    its group counts once (one pass made it, however many copies are sent)."""
+    return sum(len(c) for g in batch.groups for c in {c.tokens for c in g.completions})
 
 
 class Ingest:
@@ -351,7 +357,7 @@ class Ingest:
         reason = await self.verifier.judge(batch, sender, banned=self.peers.banned(sender))
         accepted = reason is None
         rollouts = sum(len(g.completions) for g in batch.groups)
-        tokens = sum(len(c.tokens) for g in batch.groups for c in g.completions)
+        tokens = credited_tokens(batch)
         with self.cpu.phase("receipt"):
             receipt = self._receipt(batch, reason, tokens)
         # Write before ack: the row (and an accepted batch itself) is committed
@@ -366,6 +372,7 @@ class Ingest:
             self._give_back(sender, batch, reason)
         # generate_ms is the node's own word; it only feeds the capacity forecast.
         self.peers.on_verdict(sender, receipt.reason, rollouts, receipt.tokens, cycle_s, batch.generate_ms / 1000)
+        self.peers.seen(sender).caught = self.verifier.evidence.caught.get(sender, "")
         return receipt
 
     def _take(self, sender: str, batch: RolloutBatch, rollouts: int) -> float:
@@ -380,9 +387,15 @@ class Ingest:
         now, stats = trio.current_time(), self.peers.seen(sender)
         busy_since = max(min(a.handed_at for a in assignments if a is not None), stats.answered_at)
         stats.answered_at = now
+        rewards = []
         for a, group in zip(assignments, batch.groups):
             assert a is not None
-            self.pool.answer(a, Rollouts(batch.version, sender, self._score(a, group)))
+            scored = self._score(a, group)
+            self.pool.answer(a, Rollouts(batch.version, sender, scored))
+            rewards.append(list(scored.rewards))
+        declared = (batch.backend, batch.dtype, batch.device)
+        if reason := self.verifier.evidence.add_rewards(sender, declared, batch.version, rewards):
+            self.verifier.caught(sender, reason)  # its next batch is refused
         self.counters.rollouts_accepted += rollouts
         self.counters.batches_accepted += 1
         self.cpu.accepted += 1
@@ -433,7 +446,7 @@ class Ingest:
             )
         )
 
-    def _score(self, assignment: Assignment, group) -> ScoredGroup:  # type: ignore[no-untyped-def]
+    def _score(self, assignment: Assignment, group: RolloutGroup) -> ScoredGroup:
         rewards = []
         for c in group.completions:
             ids = list(c.tokens)

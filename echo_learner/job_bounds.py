@@ -11,6 +11,7 @@ import msgpack
 
 from echo_learner.tasks.base import Task, TaskError, TaskPrompt
 from protocol.messages import MAX_PROMPT_TOKENS
+from protocol.models.families import context_length
 from protocol.schema import to_wire
 from protocol.wire.rollout import Completion, RolloutBatch
 
@@ -18,18 +19,26 @@ PROMPT_SAMPLE = 32  # prompts drawn to check that the task's fit the model
 
 
 def check_prompts_fit(
-    task: Task, tokens: Callable[[TaskPrompt], tuple[int, ...]], context: int, max_new_tokens: int, seed: int
+    task: Task, tokens: Callable[[TaskPrompt], tuple[int, ...]], config: dict, max_new_tokens: int, seed: int
 ) -> None:
     """Refuse a task whose prompts (a sample of them) leave no room for
-    ``max_new_tokens`` in the model's ``context``, or exceed the wire's limit:
-    nodes would refuse every assignment."""
+    ``max_new_tokens`` in the context nodes run the model with (``config``:
+    the model's transformers config), or exceed the wire's limit: nodes
+    would refuse every assignment."""
+    context = context_length(config, MAX_PROMPT_TOKENS)
     room = min(context - max_new_tokens, MAX_PROMPT_TOKENS)
     rng = random.Random(seed + 1)  # not the learner's: its draws are the training prompts
     longest = max(len(tokens(task.sample(rng))) for _ in range(PROMPT_SAMPLE))
     if longest > room:
+        window = ""
+        if context < (config.get("max_position_embeddings") or MAX_PROMPT_TOKENS):
+            window = (
+                f" ({config['model_type']}'s sliding window: llama.cpp attends past it where transformers "
+                "does not, so a prompt and its answer must fit within it)"
+            )
         raise TaskError(
             f"task {task.name}: prompts of up to {longest} tokens do not fit: the model's context is "
-            f"{context} tokens with --max-new-tokens {max_new_tokens}, and prompts may have at "
+            f"{context} tokens{window} with --max-new-tokens {max_new_tokens}, and prompts may have at "
             f"most {MAX_PROMPT_TOKENS} tokens (choose a bigger model, e.g. --model smollm2, or a smaller task)"
         )
 

@@ -1,6 +1,6 @@
-"""``echo-learner ledger``: the contributor leaderboard and the refusals by
-reason, read straight from the SQLite ledger in the data dir (the learner
-need not run)."""
+"""``echo-learner ledger``: the contributor leaderboard (credit kept, and
+forfeited by peers caught cheating) and the refusals by reason, read straight
+from the SQLite ledger in the data dir (the learner need not run)."""
 
 from __future__ import annotations
 
@@ -31,9 +31,12 @@ def command(args: argparse.Namespace, prog: str) -> None:
     from protocol.process.tables import print_table
 
     print_table(
-        ("#", "peer", "credit", "tokens", "rollouts", "accepted", "refused"),
-        ((i, r.peer, f"{r.credit:.0f}", r.tokens, r.rollouts, r.accepted, r.refused) for i, r in enumerate(rows, 1)),
-        numeric=("#", "credit", "tokens", "rollouts", "accepted", "refused"),
+        ("#", "peer", "credit", "forfeited", "tokens", "rollouts", "accepted", "refused"),
+        (
+            (i, r.peer, f"{r.credit:.0f}", f"{r.forfeited:.0f}", r.tokens, r.rollouts, r.accepted, r.refused)
+            for i, r in enumerate(rows, 1)
+        ),
+        numeric=("#", "credit", "forfeited", "tokens", "rollouts", "accepted", "refused"),
     )
     if refusals:
         print("refused: " + ", ".join(f"{k} {v}" for k, v in sorted(refusals.items())))

@@ -8,7 +8,11 @@ number nodes may already hold.
 
 Credit rule: one credit per completion token of an accepted batch (every
 token was verified against the learner's own log-probs and scored by the
-learner); a refused batch earns nothing.
+learner), counting a completion repeated within its group once; a refused
+batch earns nothing. A peer caught generating otherwise than it declares
+(``echo_learner.evidence``) forfeits all its credit: one row in
+``forfeits``, which the leaderboard subtracts (its verdict rows and the
+receipts behind them stay as they were).
 """
 
 from __future__ import annotations
@@ -42,6 +46,12 @@ CREATE TABLE IF NOT EXISTS verdicts (
 CREATE INDEX IF NOT EXISTS verdicts_peer ON verdicts (peer, id);
 CREATE UNIQUE INDEX IF NOT EXISTS verdicts_accepted_nonce
     ON verdicts (peer, nonce) WHERE verdict = 'accepted';
+CREATE TABLE IF NOT EXISTS forfeits (
+    peer        TEXT PRIMARY KEY,
+    reason      TEXT NOT NULL,
+    credit      REAL NOT NULL,
+    created_ms  INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS versions (
     version     INTEGER PRIMARY KEY,
     step        INTEGER NOT NULL,
@@ -113,7 +123,8 @@ class Standing:
     refused: int
     rollouts: int
     tokens: int
-    credit: float
+    credit: float  # what it keeps: earned less forfeited
+    forfeited: float = 0.0
 
 
 class Ledger:
@@ -122,6 +133,9 @@ class Ledger:
             if not path.exists():
                 raise FileNotFoundError(f"no ledger at {path}")
             self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+            if not self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'forfeits'").fetchone():
+                # A ledger from before forfeits: an empty stand-in, in memory.
+                self.db.execute("CREATE TEMP TABLE forfeits (peer TEXT, reason TEXT, credit REAL, created_ms INTEGER)")
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -155,6 +169,23 @@ class Ledger:
             )
         assert cur.lastrowid is not None
         return cur.lastrowid
+
+    def forfeit(self, peer: str, reason: str, created_ms: int) -> float:
+        """``peer`` was caught (``reason``): it forfeits all the credit it has
+        earned; the amount (0 when it was caught before)."""
+        with self.db:
+            (earned,) = self.db.execute(
+                "SELECT COALESCE(SUM(credit), 0) FROM verdicts WHERE peer = ?", (peer,)
+            ).fetchone()
+            cur = self.db.execute(
+                "INSERT OR IGNORE INTO forfeits (peer, reason, credit, created_ms) VALUES (?, ?, ?, ?)",
+                (peer, reason, earned, created_ms),
+            )
+        return earned if cur.rowcount else 0.0
+
+    def caught(self) -> dict[str, str]:
+        """Every peer that forfeited its credit, and why."""
+        return dict(self.db.execute("SELECT peer, reason FROM forfeits").fetchall())
 
     def record_version(self, version: int, step: int, created_ms: int, manifest: bytes) -> None:
         with self.db:
@@ -193,10 +224,14 @@ class Ledger:
     def leaderboard(self, limit: int = 100) -> list[Standing]:
         """Every contributor's totals, most credit first."""
         rows = self.db.execute(
-            "SELECT peer,"
-            " SUM(verdict = 'accepted'), SUM(verdict = 'refused'),"
-            " SUM(rollouts * (verdict = 'accepted')), SUM(tokens), SUM(credit)"
-            " FROM verdicts GROUP BY peer ORDER BY SUM(credit) DESC, peer LIMIT ?",
+            "SELECT v.peer, v.accepted, v.refused, v.rollouts, v.tokens,"
+            " v.credit - COALESCE(f.credit, 0) AS kept, COALESCE(f.credit, 0)"
+            " FROM (SELECT peer,"
+            "  SUM(verdict = 'accepted') AS accepted, SUM(verdict = 'refused') AS refused,"
+            "  SUM(rollouts * (verdict = 'accepted')) AS rollouts, SUM(tokens) AS tokens, SUM(credit) AS credit"
+            "  FROM verdicts GROUP BY peer) AS v"
+            " LEFT JOIN forfeits AS f ON f.peer = v.peer"
+            " ORDER BY kept DESC, v.peer LIMIT ?",
             (limit,),
         )
         return [Standing(*r) for r in rows]

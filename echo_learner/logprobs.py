@@ -10,7 +10,8 @@ distribution nodes sample from); tests hold them equal.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -18,10 +19,28 @@ import torch
 from echo_learner.device import of as device_of
 
 # What one logit costs in memory at its peak, in float32 copies of the
-# logits: verification holds the logits, their log-softmax and three
-# intermediates of the entropy statistics; training the logits, their
-# log-softmax and the gradient of each.
-VERIFY_BYTES_PER_LOGIT = 5 * 4
+# logits: verification holds the logits, the log-softmax of the rows it
+# measures and four intermediates of their statistics; training the logits,
+# their log-softmax and the gradient of each.
+VERIFY_BYTES_PER_LOGIT = 6 * 4
+# The tail of a distribution, for the truncation test (echo_learner.evidence):
+# the tokens outside the fewest most likely ones that hold TAIL_TOP_P of the
+# mass, and never more than TAIL_TOP_K of them. That is what llama.cpp's
+# default chat samplers (top-k 40, top-p 0.95) never draw; any stronger
+# truncation (min-p, smaller k or p, greedy) never draws them either.
+TAIL_TOP_K = 40
+TAIL_TOP_P = 0.95
+# The alternatives to exact sampling each sampled token is weighed against
+# (log-likelihood ratios; echo_learner.evidence sums them per peer): the
+# policy p tilted to p^(1 - d), i.e. sampled at a temperature T / (1 - d)
+# (1.11 T and 0.87 T); tokens weighted by exp(-c (surprise - entropy)^2),
+# i.e. drawn where their surprise is about the entropy; and a tail drawn
+# from half as often as its mass says.
+HOTTER = 0.1
+COLDER = -0.15
+CONCENTRATION = 0.1
+TAIL_DEFICIT = 0.5
+ALTERNATIVES = ("hotter", "colder", "concentrated", "tail")
 TRAIN_BYTES_PER_LOGIT = 4 * 4
 
 
@@ -92,13 +111,24 @@ def spread(
 @dataclass(frozen=True)
 class TokenStats:
     """Per sampled token of one completion, under the learner's model: the
-    token's log-prob, and the entropy and variance of ``-log p`` of the whole
+    token's log-prob, the entropy and variance of ``-log p`` of the whole
     distribution it was sampled from (what an honest sample's surprise
-    averages to, and how much it spreads)."""
+    averages to, and how much it spreads), the probability mass of that
+    distribution's tail (``TAIL_TOP_K``, ``TAIL_TOP_P``) and whether the token
+    came from it (an honest sampler draws from the tail exactly that often),
+    and how much likelier the token is under each way of sampling otherwise
+    than asked (``HOTTER`` ... ``TAIL_DEFICIT``) than under the policy."""
 
     logprobs: torch.Tensor
     entropy: torch.Tensor
     variance: torch.Tensor
+    tail_mass: torch.Tensor
+    in_tail: torch.Tensor
+    # Log-likelihood ratios of the token under each alternative (HOTTER, ...).
+    hotter: torch.Tensor
+    colder: torch.Tensor
+    concentrated: torch.Tensor
+    tail: torch.Tensor
 
 
 def _spread_stats(lp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,6 +138,62 @@ def _spread_stats(lp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     entropy = -plogp.sum(-1)
     second = torch.nan_to_num(plogp * lp, nan=0.0).sum(-1)
     return entropy, (second - entropy * entropy).clamp(min=0.0)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """What a log-prob row (one next-token distribution) gives every token
+    drawn from it: its entropy and the variance of the surprise, its tail's
+    mass and the log-prob where the tail starts, and the log normalisers of
+    the alternatives."""
+
+    entropy: torch.Tensor
+    variance: torch.Tensor
+    tail_mass: torch.Tensor
+    tail_edge: torch.Tensor
+    hotter: torch.Tensor
+    colder: torch.Tensor
+    concentrated: torch.Tensor
+
+    @classmethod
+    def of(cls, lp: torch.Tensor) -> _Rows:
+        entropy, variance = _spread_stats(lp)
+        top = lp.topk(min(TAIL_TOP_K, lp.shape[-1]), dim=-1).values  # most likely first
+        cumulative = top.exp().cumsum(-1)
+        inside = ((cumulative < TAIL_TOP_P).sum(-1, keepdim=True) + 1).clamp(max=top.shape[-1])
+        off = (-lp - entropy.unsqueeze(-1)).square_().mul_(-CONCENTRATION).add_(lp)
+        concentrated = torch.logsumexp(off, dim=-1)
+        del off
+        return cls(
+            entropy=entropy,
+            variance=variance,
+            tail_mass=(1.0 - cumulative.gather(-1, inside - 1)).clamp(min=0.0).squeeze(-1),
+            tail_edge=top.gather(-1, inside - 1).squeeze(-1),  # the least likely token inside
+            hotter=torch.logsumexp((1 - HOTTER) * lp, dim=-1),
+            colder=torch.logsumexp((1 - COLDER) * lp, dim=-1),
+            concentrated=concentrated,
+        )
+
+    def select(self, index: torch.Tensor) -> _Rows:
+        return _Rows(*(getattr(self, f)[index] for f in self.__dataclass_fields__))
+
+    def tokens(self, drawn: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``TokenStats``' fields for tokens of log-prob ``drawn``, one per row."""
+        in_tail = (drawn < self.tail_edge).float()
+        kept = 1 - (1 - TAIL_DEFICIT) * self.tail_mass
+        tail = torch.where(in_tail > 0, math.log(1 - TAIL_DEFICIT), torch.log(kept / (1 - self.tail_mass)))
+        surprise = -drawn - self.entropy
+        return (
+            drawn,
+            self.entropy,
+            self.variance,
+            self.tail_mass,
+            in_tail,
+            -HOTTER * drawn - self.hotter,
+            -COLDER * drawn - self.colder,
+            -CONCENTRATION * surprise.square() - self.concentrated,
+            tail,
+        )
 
 
 @torch.no_grad()
@@ -120,9 +206,8 @@ def grouped_logprobs(
     temperature: float = 1.0,
 ) -> list[list[torch.Tensor]]:
     """Log-probs of every completion's tokens; ``groups[g]`` all continue ``prompts[g]``."""
-    return [
-        [s.logprobs for s in g] for g in grouped_token_stats(model, prompts, groups, pad_id, max_bytes, temperature)
-    ]
+    found = _grouped(model, prompts, groups, pad_id, max_bytes, temperature, lambda lp, drawn, rows: (drawn,))
+    return [[fields[0] for fields in g] for g in found]
 
 
 @torch.no_grad()
@@ -134,7 +219,32 @@ def grouped_token_stats(
     max_bytes: int = 2**30,
     temperature: float = 1.0,
 ) -> list[list[TokenStats]]:
-    """``TokenStats`` of every completion; ``groups[g]`` all continue ``prompts[g]``.
+    """``TokenStats`` of every completion; ``groups[g]`` all continue ``prompts[g]``."""
+
+    def measure(lp: torch.Tensor, drawn: torch.Tensor, rows: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        stats = _Rows.of(lp)
+        return (stats if rows is None else stats.select(rows)).tokens(drawn)
+
+    found = _grouped(model, prompts, groups, pad_id, max_bytes, temperature, measure)
+    return [[TokenStats(*fields) for fields in g] for g in found]
+
+
+# (log-prob rows, the log-prob of each token drawn, the row each was drawn
+# from (None: one token per row)) -> per-token fields.
+Measure = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, ...]]
+
+
+def _grouped(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    groups: Sequence[Sequence[Sequence[int]]],
+    pad_id: int,
+    max_bytes: int,
+    temperature: float,
+    measure: Measure,
+) -> list[list[tuple[torch.Tensor, ...]]]:
+    """``measure`` (``Measure``) of every token of every completion;
+    ``groups[g]`` all continue ``prompts[g]``.
 
     Verification's shape: a GRPO group is many completions of one prompt, so
     each prompt goes through the model once and its KV cache is shared by its
@@ -142,7 +252,8 @@ def grouped_token_stats(
     prompt for every completion: on SmolLM2 with 5-token prompts and 4-token
     completions, twice the work). First the prompts, left-padded, keeping only
     their last position's logits; then the completions, right-padded, in as
-    many passes as keep their logits under ``max_bytes``.
+    many passes as keep their logits under ``max_bytes``. Only positions
+    that predict a real token are measured, not the padding.
     """
     n_groups, width_p = len(prompts), max(len(p) for p in prompts)
     ids = torch.full((n_groups, width_p), pad_id, dtype=torch.long)
@@ -155,11 +266,13 @@ def grouped_token_stats(
     positions = (seen.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=seen, position_ids=positions, use_cache=True, logits_to_keep=1)
     first = torch.log_softmax(out.logits[:, -1].float() / temperature, dim=-1)  # predicts each completion's token 0
-    first_h, first_v = _spread_stats(first)
 
     sizes = [len(group) for group in groups]
     rows = [(g, c) for g, group in enumerate(groups) for c in group]
-    result = [(first[g, c[0]].reshape(1), first_h[g].reshape(1), first_v[g].reshape(1)) for g, c in rows]
+    owners = torch.tensor([g for g, _ in rows], device=first.device)
+    firsts = torch.tensor([c[0] for _, c in rows], device=first.device)
+    heads = measure(first, first[owners, firsts], owners)  # a group's first tokens share their row
+    result = [tuple(field[i : i + 1] for field in heads) for i in range(len(rows))]
     vocab = first.shape[-1]
     for part in row_slices([len(c) - 1 for _, c in rows], vocab, max_bytes, VERIFY_BYTES_PER_LOGIT):
         chunk = rows[part]
@@ -182,18 +295,20 @@ def grouped_token_stats(
             where
         )
         logits = model(input_ids=tokens[:, :-1], attention_mask=attention, position_ids=steps, cache=cache).logits
-        lp = torch.log_softmax(logits.float() / temperature, dim=-1)
+        real = present[:, 1:].bool()  # positions that predict a token of the completion
+        lp = torch.log_softmax(logits[real].float() / temperature, dim=-1)  # [tokens, vocab]
         del logits
-        rest = lp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
-        rest_h, rest_v = _spread_stats(lp)
+        rest = measure(lp, lp.gather(-1, tokens[:, 1:][real].unsqueeze(-1)).squeeze(-1), None)
+        del lp
+        start = 0
         for i, (_, c) in enumerate(chunk, start=part.start):
             result[i] = tuple(
-                torch.cat([head, tail[i - part.start, : len(c) - 1]])
-                for head, tail in zip(result[i], (rest, rest_h, rest_v))
+                torch.cat([head, tail[start : start + len(c) - 1]]) for head, tail in zip(result[i], rest)
             )
-    stats = [TokenStats(*(t.cpu() for t in r)) for r in result]
+            start += len(c) - 1
+    flat = [tuple(t.cpu() for t in r) for r in result]
     out_groups, i = [], 0
     for size in sizes:
-        out_groups.append(stats[i : i + size])
+        out_groups.append(flat[i : i + size])
         i += size
     return out_groups

@@ -31,6 +31,11 @@ class LoraSettings:
     alpha: float
     dropout: float
     targets: tuple[str, ...]
+    # B's standard deviation at the start (0: zeros, PEFT's own: the first
+    # version is the base), drawn from ``init_seed`` so that every process
+    # starts from the same adapter.
+    init_scale: float = 0.0
+    init_seed: int = 0
 
     @classmethod
     def from_config(cls, config, model: torch.nn.Module) -> LoraSettings | None:  # type: ignore[no-untyped-def]
@@ -43,15 +48,42 @@ class LoraSettings:
             raise ValueError("--lora-targets names no layer")
         if targets == (ALL_LINEAR,):
             targets = linear_layers(model)
-        return cls(config.lora, config.lora_alpha or 2.0 * config.lora, config.lora_dropout, targets)
+        return cls(
+            config.lora,
+            config.lora_alpha or 2.0 * config.lora,
+            config.lora_dropout,
+            targets,
+            init_scale=config.lora_init_scale,
+            init_seed=config.seed,
+        )
 
     @classmethod
     def from_dict(cls, settings: dict) -> LoraSettings:
         """The settings ``as_dict`` wrote (a checkpoint's, the ranks')."""
-        return cls(settings["rank"], settings["alpha"], settings["dropout"], tuple(settings["targets"]))
+        return cls(
+            settings["rank"],
+            settings["alpha"],
+            settings["dropout"],
+            tuple(settings["targets"]),
+            init_scale=settings.get("init_scale", 0.0),  # checkpoints from before it: zeros
+            init_seed=settings.get("init_seed", 0),
+        )
 
     def as_dict(self) -> dict:
-        return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout, "targets": list(self.targets)}
+        return {
+            "rank": self.rank,
+            "alpha": self.alpha,
+            "dropout": self.dropout,
+            "targets": list(self.targets),
+            "init_scale": self.init_scale,
+            "init_seed": self.init_seed,
+        }
+
+
+def adapter_of(settings: dict | None) -> dict | None:
+    """What of ``LoraSettings.as_dict`` a checkpoint's adapter must match to
+    be resumed (how it was first drawn no longer matters)."""
+    return settings and {k: settings[k] for k in ("rank", "alpha", "dropout", "targets")}
 
 
 def describe_lora(settings: dict | None) -> str:
@@ -119,7 +151,8 @@ def wrap(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
     """``model`` with adapters on its ``settings.targets`` layers, everything else frozen.
 
     PEFT initialises B to zeros: the wrapped model computes exactly what the
-    base does until the first step.
+    base does until the first step, unless ``settings.init_scale`` draws B
+    at random (the same in every process).
     """
     from peft import LoraConfig, get_peft_model
 
@@ -134,7 +167,14 @@ def wrap(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
         target_modules=list(settings.targets),
         bias="none",
     )
-    return get_peft_model(model, config)
+    wrapped = get_peft_model(model, config)
+    if settings.init_scale:
+        generator = torch.Generator().manual_seed(settings.init_seed)
+        with torch.no_grad():
+            for name, p in wrapped.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(settings.init_scale * torch.randn(p.shape, generator=generator))
+    return wrapped
 
 
 def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -61,6 +61,7 @@ class PeerStats:
     # Strikes for prompts that lapsed: one per outage, forgiven by accepted work.
     lapses: deque[float] = field(default_factory=deque)
     banned_until: float = 0.0
+    caught: str = ""  # why it was caught generating otherwise than it declares (echo_learner.evidence)
 
     def to_json(self, now: float) -> dict:
         return {
@@ -83,6 +84,7 @@ class PeerStats:
             "last_seen_s": round(now - self.last_seen, 1),
             "last_reason": self.last_reason,
             "banned_for_s": round(max(0.0, self.banned_until - now), 1),
+            "caught": self.caught,
         }
 
 

@@ -30,18 +30,22 @@ from dataclasses import dataclass, field
 import torch
 import trio
 
-from echo_learner.logprobs import TokenStats, grouped_token_stats
-from protocol.wire.rollout import RolloutBatch
+from echo_learner.emulate import Emulations
+from echo_learner.evidence import FAR_OFF, BatchEvidence, duplicate_surprise
+from echo_learner.logprobs import ALTERNATIVES, TokenStats, grouped_logprobs, grouped_token_stats
+from protocol.wire.rollout import RolloutBatch, RolloutGroup
 
 
 @dataclass(frozen=True)
 class LogprobError:
-    """|reported - recomputed| log-prob over a batch's sampled tokens, and
-    how plausible the tokens are as samples at the job's temperature (``surprise_z``)."""
+    """|reported - recomputed| log-prob over a batch's sampled tokens, how
+    plausible the tokens are as samples at the job's temperature
+    (``surprise_z``), and what the batch adds to its peer's evidence."""
 
     worst: float
     mean: float
     surprise_z: float = 0.0
+    evidence: BatchEvidence = BatchEvidence()
 
 
 @torch.no_grad()
@@ -51,14 +55,33 @@ def logprob_errors(
     pad_id: int,
     max_logit_bytes: int = 2**30,
     temperature: float = 1.0,
+    emulations: Sequence[torch.nn.Module | None] = (),
 ) -> list[LogprobError]:
     """``logprob_error`` of each ``(prompts, batch)`` in ``work``, all in one
     pass through ``model`` (split only where the logits would outgrow
-    ``max_logit_bytes``)."""
+    ``max_logit_bytes``). ``emulations[i]``, when given, is ``model`` in the
+    arithmetic batch i declares (``echo_learner.emulate``): that batch is
+    recomputed through it as well, in one more pass per emulation."""
     prompts = [p for ps, batch in work for p in _checked(ps, batch)]
     groups = [[c.tokens for c in g.completions] for _, batch in work for g in batch.groups]
     stats = iter(grouped_token_stats(model, prompts, groups, pad_id, max_logit_bytes, temperature))
-    return [_error(batch, [next(stats) for _ in batch.groups]) for _, batch in work]
+    mine = [[next(stats) for _ in batch.groups] for _, batch in work]
+    emulated: list[list[list[torch.Tensor]] | None] = [None] * len(work)
+    for twin in {id(e): e for e in emulations if e is not None}.values():
+        chosen = [i for i, e in enumerate(emulations) if e is twin]
+        lps = iter(
+            grouped_logprobs(
+                twin,
+                [p for i in chosen for p in work[i][0]],
+                [[c.tokens for c in g.completions] for i in chosen for g in work[i][1].groups],
+                pad_id,
+                max_logit_bytes,
+                temperature,
+            )
+        )
+        for i in chosen:
+            emulated[i] = [next(lps) for _ in work[i][1].groups]
+    return [_error(batch, m, e) for (_, batch), m, e in zip(work, mine, emulated)]
 
 
 def logprob_error(
@@ -68,6 +91,7 @@ def logprob_error(
     pad_id: int,
     max_logit_bytes: int = 2**30,
     temperature: float = 1.0,
+    emulation: torch.nn.Module | None = None,
 ) -> LogprobError:
     """|reported - recomputed| log-prob over every sampled token of ``batch``.
 
@@ -75,7 +99,7 @@ def logprob_error(
     tokens of the prompt its group ``i`` answers (looked up by the caller:
     this runs in a worker thread and must not touch the pool).
     """
-    return logprob_errors(model, [(prompts, batch)], pad_id, max_logit_bytes, temperature)[0]
+    return logprob_errors(model, [(prompts, batch)], pad_id, max_logit_bytes, temperature, [emulation])[0]
 
 
 def _checked(prompts: Sequence[tuple[int, ...]], batch: RolloutBatch) -> Sequence[tuple[int, ...]]:
@@ -101,7 +125,9 @@ def _checked(prompts: Sequence[tuple[int, ...]], batch: RolloutBatch) -> Sequenc
 # deviation is therefore added to the variance: one rare token moves z by
 # less than 1, k of them by about k, while a forger's many shifted tokens
 # still add up (tests/learner/test_logprob_check.py).
-def _error(batch: RolloutBatch, mine: list[list[TokenStats]]) -> LogprobError:
+def _error(
+    batch: RolloutBatch, mine: list[list[TokenStats]], emulated: list[list[torch.Tensor]] | None = None
+) -> LogprobError:
     pairs = [
         (stats, torch.tensor(c.logprobs, dtype=torch.float32))
         for group, recomputed_group in zip(batch.groups, mine)
@@ -111,7 +137,34 @@ def _error(batch: RolloutBatch, mine: list[list[TokenStats]]) -> LogprobError:
     deviations = torch.cat([-stats.logprobs - stats.entropy for stats, _ in pairs])
     spread = sum(float(stats.variance.sum()) for stats, _ in pairs) + float(deviations.abs().max()) ** 2
     z = float(deviations.sum()) / math.sqrt(spread) if spread > 0 else 0.0
-    return LogprobError(worst=float(diff.max()), mean=float(diff.mean()), surprise_z=z)
+    emulated_off = None
+    if emulated is not None:
+        twins = [t for group in emulated for t in group]
+        emulated_off = float(sum((t - stats.logprobs).abs().sum() for t, (stats, _) in zip(twins, pairs)))
+    signed = torch.cat([reported - stats.logprobs for stats, reported in pairs])
+    evidence = BatchEvidence(
+        tokens=len(diff),
+        groups=len(batch.groups),
+        reported_off=float(diff.sum()),
+        signed_off=float(signed.sum()),
+        far_off=int((diff > FAR_OFF).sum()),
+        surprise=float(deviations.sum()),
+        surprise_var=sum(float(stats.variance.sum()) for stats, _ in pairs),
+        emulated_off=emulated_off,
+        **{test: float(sum(getattr(stats, test).sum() for stats, _ in pairs)) for test in ALTERNATIVES},
+        duplicates=sum(_repeats(group, stats) for group, stats in zip(batch.groups, mine)),
+    )
+    return LogprobError(worst=float(diff.max()), mean=float(diff.mean()), surprise_z=z, evidence=evidence)
+
+
+def _repeats(group: RolloutGroup, stats: list[TokenStats]) -> float:
+    """-ln of the chance of ``group``'s repeated completions under the
+    policy, summed over the completions repeated (0: none repeated)."""
+    seen: dict[tuple[int, ...], list] = {}
+    for c, s in zip(group.completions, stats):
+        seen.setdefault(c.tokens, [0, float(s.logprobs.sum())])[0] += 1
+    size = len(group.completions)
+    return sum(duplicate_surprise(size, k, logprob) for k, logprob in seen.values() if k > 1)
 
 
 @dataclass(frozen=True)
@@ -131,6 +184,7 @@ class _Job:
     version: int
     prompts: Sequence[tuple[int, ...]]
     batch: RolloutBatch
+    emulate: tuple[str, str] | None = None  # (backend, dtype) whose arithmetic to recompute it in too
     done: trio.Event = field(default_factory=trio.Event)
     result: LogprobError | None = None
 
@@ -158,6 +212,7 @@ class Recomputer:
         temperature: float,
         max_batches: int,
         max_tokens: int = 1024,
+        emulated_versions: int = 2,
         on_pass: Callable[[Pass], None] = lambda p: None,
     ):
         self.models = models
@@ -167,13 +222,23 @@ class Recomputer:
         self.max_batches = max_batches
         self.max_tokens = max_tokens
         self.on_pass = on_pass
+        # Any version a batch may claim: a node picks the version it generates
+        # with, so a cheat must not hide in the versions never checked.
+        self.emulations = Emulations(keep=emulated_versions)
         self._queue: list[_Job] = []
         self._queued = trio.Event()
 
-    async def error(self, version: int, prompts: Sequence[tuple[int, ...]], batch: RolloutBatch) -> LogprobError | None:
-        """``batch``'s log-prob error under ``version``; None if the learner no
-        longer holds that version when its pass comes."""
-        job = _Job(version, prompts, batch)
+    async def error(
+        self,
+        version: int,
+        prompts: Sequence[tuple[int, ...]],
+        batch: RolloutBatch,
+        emulate: tuple[str, str] | None = None,
+    ) -> LogprobError | None:
+        """``batch``'s log-prob error under ``version`` (and, given ``emulate``,
+        its distance in that backend's and dtype's arithmetic); None if the
+        learner no longer holds that version when its pass comes."""
+        job = _Job(version, prompts, batch, emulate)
         self._queue.append(job)
         self._queued.set()
         try:
@@ -219,8 +284,9 @@ class Recomputer:
     def _recompute(self, model: torch.nn.Module, jobs: list[_Job]) -> tuple[list[LogprobError], Pass]:
         """In the worker thread: one pass, metered in that thread's own CPU time."""
         wall, cpu = time.monotonic(), time.thread_time()
+        twins = [None if j.emulate is None else self.emulations.get(j.version, model, *j.emulate) for j in jobs]
         results = logprob_errors(
-            model, [(j.prompts, j.batch) for j in jobs], self.pad_id, self.max_logit_bytes, self.temperature
+            model, [(j.prompts, j.batch) for j in jobs], self.pad_id, self.max_logit_bytes, self.temperature, twins
         )
         done = Pass(
             version=jobs[0].version,

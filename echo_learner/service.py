@@ -36,7 +36,15 @@ from echo_learner.heldout import HeldoutMonitor
 from echo_learner.ingest import Ingest, now_ms
 from echo_learner.job_bounds import check_answers_fit, check_prompts_fit
 from echo_learner.ledger import Ledger
-from echo_learner.lora import LoraSettings, adapter_state, describe_lora, load_adapter_state, state_bytes, wrap
+from echo_learner.lora import (
+    LoraSettings,
+    adapter_of,
+    adapter_state,
+    describe_lora,
+    load_adapter_state,
+    state_bytes,
+    wrap,
+)
 from echo_learner.metrics import LearnerMetrics
 from echo_learner.model import config_json, describe, load_model, render_prompt, stop_ids, tokenizer_digest
 from echo_learner.pacing import Pacing
@@ -55,7 +63,7 @@ from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
 from protocol.broadcast.serving import manifest_digest
 from protocol.broadcast.store import VersionStore
 from protocol.identity import Identity
-from protocol.messages import MAX_PROMPT_TOKENS, ErrorReply, Manifest
+from protocol.messages import ErrorReply, Manifest
 from protocol.net.conngate import PeerBans
 from protocol.net.host import full_addrs, keep_connection, release_connection
 from protocol.net.lan import discover_lan
@@ -120,13 +128,7 @@ class Learner:
         check_answers_fit(
             config.prompts_per_request, config.group_size, self.max_new_tokens, self.model.config.vocab_size
         )
-        check_prompts_fit(
-            self.task,
-            self._tokens,
-            getattr(self.model.config, "max_position_embeddings", None) or MAX_PROMPT_TOKENS,
-            self.max_new_tokens,
-            config.seed,
-        )
+        check_prompts_fit(self.task, self._tokens, self.model.config.to_dict(), self.max_new_tokens, config.seed)
         self.heldout = HeldoutMonitor(
             self.task,
             self.tokenizer,
@@ -385,7 +387,7 @@ class Learner:
                     f"not {cfg.model or '(built-in)'!r}"
                 )
             lora = self.lora.as_dict() if self.lora else None
-            if state.get("lora") != lora:
+            if adapter_of(state.get("lora")) != adapter_of(lora):
                 raise checkpoint.CheckpointError(
                     f"the checkpoint trains {describe_lora(state.get('lora'))}, not {describe_lora(lora)}"
                 )
@@ -507,12 +509,15 @@ class Learner:
         Training LoRA with no base out yet (the first start, or a restart
         whose store lost it), the frozen base goes out first as a full
         version: before the first step it is the policy itself (adapters
-        start at zero), after a restart a version nodes fetch on the way.
+        start at zero), else (after a restart, or with adapters drawn at
+        random by --lora-init-scale) a version nodes fetch on the way to the
+        adapter that follows it.
         """
         version = self.version + 1 if first_version is None else first_version
         if self.publisher.needs_base():
-            await self._publish_version(version, self.publisher.build_base, policy=self.step == 0)
-            if self.step == 0:
+            is_policy = self.step == 0 and not (self.lora is not None and self.lora.init_scale)
+            await self._publish_version(version, self.publisher.build_base, policy=is_policy)
+            if is_policy:
                 return
             version += 1
         await self._publish_version(version, lambda v: self.publisher.build(v, self.model), policy=True)

@@ -109,6 +109,7 @@ NUMERIC_PEER_COLUMNS = ("free GiB", "tokens/s", "version", "rollouts/s", "accept
 def peer_row(p: dict) -> list[object]:
     """One peer of ``/api/peers`` under ``PEER_COLUMNS``."""
     banned = f" BANNED {p['banned_for_s']:.0f}s" if p["banned_for_s"] else ""
+    caught = f" CAUGHT ({p['caught']})" if p.get("caught") else ""
     return [
         "…" + p["peer"][-12:],
         p["backend"],
@@ -123,7 +124,7 @@ def peer_row(p: dict) -> list[object]:
         p["accepted"],
         p["refused"],
         f"{p['last_seen_s']:.0f}s",
-        p["last_reason"] + banned,
+        p["last_reason"] + banned + caught,
     ]
 
 

@@ -4,20 +4,22 @@ The checks run in a fixed order, cheapest and most telling first, and the
 first failure is the receipt's reason (``Verifier.judge`` runs them all):
 
     size and schema (the codec, before this module) -> sender not banned
-    -> signature -> job id -> a backend, dtype and device we support -> prompts
-    assigned to this node -> policy version
-    inside the staleness window -> nonce not seen before -> token ids and
-    lengths, nothing after a stop token -> assignment still this node's and
-    unanswered
-    -> log-probs recomputed by the learner, then the sampled tokens'
+    -> sender not caught cheating before -> signature -> job id -> a backend,
+    dtype and device we support -> prompts assigned to this node -> policy
+    version inside the staleness window -> nonce not seen before -> token ids
+    and lengths, nothing after a stop token -> assignment still this node's and
+    unanswered -> log-probs recomputed by the learner, then the sampled tokens'
     plausibility as samples at the job's temperature (``check_logprobs``, in a thread)
+    -> the peer's evidence over all its batches (``echo_learner.evidence``)
 
-Rewards are computed afterwards by the learner itself (``echo_learner.tasks``).
+Rewards are computed afterwards by the learner itself (``echo_learner.tasks``);
+they feed the peer's evidence too (groups chosen for their rewards).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -26,6 +28,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from echo_learner.cpu_split import CpuSplit
+from echo_learner.emulate import can_emulate
+from echo_learner.evidence import PRECISION_MISMATCH, SAMPLER_MISMATCH, SELECTED_GROUPS, EvidenceBook, EvidenceLimits
 from echo_learner.pool import PromptPool
 from echo_learner.recompute import LogprobError, Pass, Recomputer
 from echo_learner.tolerance import Tolerance, tolerance
@@ -74,6 +78,9 @@ STRIKES = frozenset(
         BAD_TOKENS,
         BAD_LOGPROBS,
         IMPLAUSIBLE,
+        PRECISION_MISMATCH,
+        SAMPLER_MISMATCH,
+        SELECTED_GROUPS,
     }
 )
 
@@ -144,11 +151,17 @@ class Verifier:
             temperature=limits.temperature,
             max_batches=config.verify_batch,
             max_tokens=config.verify_pass_tokens,
+            emulated_versions=config.window + 1,
             on_pass=self._recomputed,
         )
         # (sender, nonce) of the batches in their log-prob check now: a copy
         # sent meanwhile must not pass the replay check.
         self._in_flight: set[tuple[str, bytes]] = set()
+        self.evidence = EvidenceBook(
+            EvidenceLimits(precision_share=config.precision_checks),
+            max_peers=config.max_peers_tracked,
+            caught=ledger.caught(),
+        )
 
     def window(self) -> Window:
         """Versions a rollout may be made with now: the staleness window, within
@@ -167,6 +180,8 @@ class Verifier:
         """
         if banned:
             return BANNED
+        if sender in self.evidence.caught:  # whatever it sends, checked or not
+            return self.evidence.caught[sender]
         key = (sender, batch.nonce)
 
         def nonce_seen(nonce: bytes) -> bool:
@@ -175,10 +190,14 @@ class Verifier:
         reason = check_batch(batch, sender, self.pool, self.window(), nonce_seen, self.limits, self.cpu)
         if reason is not None:
             return reason
+        declared = (batch.backend, batch.dtype, batch.device)
+        emulate = None
+        if can_emulate(*declared) and self.evidence.wants_emulation(sender, declared):
+            emulate = (batch.backend, batch.dtype)
         prompts = [self.pool.lookup(g.prompt_id).tokens for g in batch.groups]  # type: ignore[union-attr]
         self._in_flight.add(key)
         try:
-            error = await self.recomputer.error(batch.version, prompts, batch)
+            error = await self.recomputer.error(batch.version, prompts, batch, emulate)
         finally:
             self._in_flight.discard(key)
         if error is None:  # the version was dropped while the batch waited
@@ -201,7 +220,21 @@ class Verifier:
                 surprise_z=f"{error.surprise_z:.2f}",
             )
             return reason
+        if sender in self.evidence.caught:  # caught while this batch was recomputed
+            return self.evidence.caught[sender]
+        reason = self.evidence.add(sender, declared, error.evidence)
+        if reason is not None:
+            return self.caught(sender, reason)
         return recheck(batch, sender, self.pool)
+
+    def caught(self, peer: str, reason: str) -> str:
+        """``peer`` was caught generating otherwise than it declares
+        (``reason``): it forfeits its credit and every batch it sends from now
+        on is refused for that reason."""
+        reason = self.evidence.catch(peer, reason)
+        forfeited = self.ledger.forfeit(peer, reason, int(time.time() * 1000))
+        event(log, logging.WARNING, "caught cheating", peer=peer, reason=reason, credit_forfeited=round(forfeited))
+        return reason
 
     def _recomputed(self, done: Pass) -> None:
         self.cpu.add("recompute", done.cpu_s)

@@ -51,12 +51,17 @@ class ModelLimits:
 
     vocab_size: int
     context: int
+    context_is: str = "the model's context"  # what sets it, for people
 
     @classmethod
     def from_config(cls, config_json: str) -> ModelLimits:
         """From the model config a manifest carries (a transformers config)."""
         config = json.loads(config_json)
-        return cls(int(config["vocab_size"]), context_length(config, DEFAULT_CONTEXT))
+        context = context_length(config, DEFAULT_CONTEXT)
+        if context < int(config.get("max_position_embeddings") or DEFAULT_CONTEXT):
+            # llama.cpp attends past this family's window where transformers does not.
+            return cls(int(config["vocab_size"]), context, f"{config['model_type']}'s sliding window")
+        return cls(int(config["vocab_size"]), context)
 
 
 def check_assignment(work: WorkAssignment, limits: ModelLimits) -> None:
@@ -71,7 +76,7 @@ def check_assignment(work: WorkAssignment, limits: ModelLimits) -> None:
         if len(prompt.tokens) + work.max_new_tokens > limits.context:
             raise Refused(
                 f"prompt {prompt.prompt_id}: {len(prompt.tokens)} tokens plus "
-                f"{work.max_new_tokens} new exceed the model's context of {limits.context}"
+                f"{work.max_new_tokens} new exceed {limits.context_is} of {limits.context}"
             )
     if any(not 0 <= t < limits.vocab_size for t in work.stop_token_ids):
         raise Refused("stop token ids outside the vocabulary")

@@ -161,9 +161,9 @@ class Generation:
             self._joining.extend(group)
         still = []
         for row, s in enumerate(self._running):
-            token = llama_cpp.llama_get_sampled_token_ith(self.ctx, row)
+            token, logprob = self._drawn(row, s)
             s.tokens.append(token)
-            s.logprobs.append(self._logprob(row, token))
+            s.logprobs.append(logprob)
             if token in self.stops or len(s.tokens) == self.max_new_tokens:
                 self._finish(s)
             else:
@@ -228,6 +228,11 @@ class Generation:
         if rc != 0:
             raise DecodeError(f"llama_decode failed with code {rc}")
         return time.perf_counter() - started
+
+    def _drawn(self, row: int, s: _Sequence) -> tuple[int, float]:
+        """The token sampled for output ``row`` (sequence ``s``) and its log-prob."""
+        token = llama_cpp.llama_get_sampled_token_ith(self.ctx, row)
+        return token, self._logprob(row, token)
 
     def _logprob(self, row: int, token: int) -> float:
         """log softmax(logits / T) of ``token``: the log of the probability

@@ -51,8 +51,9 @@ class LocalSwarm:
             args = [*args, "--no-mdns"]
         log = open(self.root / f"{name}.log", "w")
         cpus = self.cpus.get(name)
+        how = [] if args[0].endswith(".py") else ["-m"]  # a script of ours (bench/cheats.py), or a module
         proc = subprocess.Popen(
-            [*self.machine.get(name, []), sys.executable, "-m", *args],
+            [*self.machine.get(name, []), sys.executable, *how, *args],
             stdout=subprocess.PIPE if name == "bootstrap" else log,
             stderr=log,
             env=env,
@@ -92,12 +93,15 @@ class LocalSwarm:
             ],
         )
 
-    def start_node(self, index: int, *extra: str, invite: str = "") -> subprocess.Popen:
-        """A node joined through the bootstrap peer, or with only ``invite``."""
+    def start_node(
+        self, index: int, *extra: str, invite: str = "", program: tuple[str, ...] = ("echo_node",)
+    ) -> subprocess.Popen:
+        """A node joined through the bootstrap peer, or with only ``invite``;
+        ``program``: what runs ``join`` (a node changed by bench/cheats.py)."""
         how = [invite] if invite else ["--bootstrap", self.bootstrap_addr]
         return self._spawn(
             f"node{index}",
-            ["echo_node", "join", *how, "--listen", self.listen, "--data-dir", str(self.root / f"node{index}"), *extra],
+            [*program, "join", *how, "--listen", self.listen, "--data-dir", str(self.root / f"node{index}"), *extra],
         )
 
     def run(self, name: str, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:

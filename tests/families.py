@@ -60,9 +60,10 @@ MATRIX_SCALE = 4.0
 FINAL_NORM = {"gemma2": 3.0, "gemma3_text": 4.0}  # Gemma also scales its embeddings by sqrt(hidden)
 
 
-def tiny_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float32):
-    """A tiny random model of ``family``, its float32 weights rounded to ``dtype``."""
-    config = AutoConfig.for_model(family, **{**COMMON, **FAMILY_CONFIGS[family]})
+def tiny_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, **settings):
+    """A tiny random model of ``family``, its float32 weights rounded to
+    ``dtype``; ``settings`` override its config's."""
+    config = AutoConfig.for_model(family, **{**COMMON, **FAMILY_CONFIGS[family], **settings})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -156,13 +156,15 @@ async function refresh() {
   rows("peers", peers.peers, (p) => [
     shortPeer(p.peer), p.name, p.backend, p.dtype, deviceText(p), p.tokens_per_s.toFixed(0),
     REACH[p.reachability] ?? p.reachability, p.route, p.held_version, p.rollouts_per_s.toFixed(1),
-    p.accepted, p.refused, `${duration(p.last_seen_s)} ago`,
+    p.accepted, p.caught ? `${p.refused} (caught: ${p.caught})` : p.refused, `${duration(p.last_seen_s)} ago`,
   ]);
   document.getElementById("bootstrap").replaceChildren(...status.bootstrap.map(
     (bp) => el("li", `${bp.addr} — ${bootstrapState(bp)}`,
       { class: bp.answers === null ? "unknown" : bp.answers ? "ok" : "down" })));
   rows("contributors", ledger.contributors, (c) => [
-    shortPeer(c.peer), names.get(c.peer) ?? "", c.credit.toLocaleString(), c.tokens.toLocaleString(), c.accepted, c.refused,
+    shortPeer(c.peer), names.get(c.peer) ?? "",
+    c.forfeited ? `${c.credit.toLocaleString()} (${c.forfeited.toLocaleString()} forfeited)` : c.credit.toLocaleString(),
+    c.tokens.toLocaleString(), c.accepted, c.refused,
   ]);
   rows("refusals", refusals.refusals, (r) => [
     shortPeer(r.peer), r.version, r.reason, new Date(r.created_ms).toLocaleTimeString(),

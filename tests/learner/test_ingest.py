@@ -178,3 +178,36 @@ async def test_a_learner_at_capacity_turns_new_work_away_and_takes_what_nodes_ho
         assert isinstance(await ingest._work("newcomer", "direct", REQUEST), WorkAssignment)
     finally:
         ledger.close()
+
+
+async def test_a_caught_peer_forfeits_its_credit_and_is_refused_from_then_on(autojump_clock, tmp_path):
+    """Caught by its evidence: what it earned is forfeited (the ledger's rows
+    stay), each batch after is refused for that reason before any recompute,
+    and a restarted learner reading the same ledger refuses it too."""
+    from echo_learner.evidence import SAMPLER_MISMATCH
+    from echo_learner.ledger import Row
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    peers = PeerBook(strikes_to_ban=3, strike_window_s=600, ban_s=600, max_peers=100)
+    config = LearnerConfig(data_dir=tmp_path)
+    try:
+        earned = Row(
+            batch_hash=b"h" * 32, peer=NODE.peer_id_str, version=2, nonce=b"e" * 16, rollouts=2, tokens=40,
+            verdict="accepted", reason="ok", credit=40.0, created_ms=1, receipt=b"",
+        )  # fmt: skip
+        ledger.record(earned)
+        ingest = ingest_for(config, ledger, pool_with_prompt_7(), v.Policies(keep=3), peers, CapacityMeter(60.0), 3)
+        assert ingest.verifier.caught(NODE.peer_id_str, SAMPLER_MISMATCH) == SAMPLER_MISMATCH
+        receipt = await ingest._judge(NODE.peer_id_str, batch(groups=(GOOD,)))  # no policy held: no recompute ran
+        assert (receipt.verdict, receipt.reason, receipt.credit) == ("refused", SAMPLER_MISMATCH, 0.0)
+        assert len(peers.peers[NODE.peer_id_str].strikes) == 1
+        assert peers.to_json()[0]["caught"] == SAMPLER_MISMATCH
+        [standing] = ledger.leaderboard()
+        assert (standing.credit, standing.forfeited, standing.accepted) == (0.0, 40.0, 1)
+        # Caught once is forfeited once.
+        assert ingest.verifier.caught(NODE.peer_id_str, SAMPLER_MISMATCH) == SAMPLER_MISMATCH
+        assert ledger.leaderboard()[0].forfeited == 40.0
+        restarted = ingest_for(config, ledger, pool_with_prompt_7(), v.Policies(keep=3), peers, CapacityMeter(60.0), 3)
+        assert restarted.verifier.evidence.caught == {NODE.peer_id_str: SAMPLER_MISMATCH}
+    finally:
+        ledger.close()

@@ -233,3 +233,57 @@ def test_a_mistral_node_answers_within_its_sliding_window():
     # A family whose window llama.cpp implements keeps its whole context.
     gemma = json.loads(config_json(tiny_model("gemma2")))
     assert ModelLimits.from_config(json.dumps(gemma)).context == gemma["max_position_embeddings"]
+
+
+# The families with sliding windows, each set shorter than the sequences below
+# (Gemma's are 8 in tests/families.py; Mistral's is off there).
+WINDOWED = {"gemma2": {}, "gemma3_text": {}, "mistral": {"sliding_window": 8}}
+WINDOW = 8
+
+
+@needs_llama
+@pytest.mark.parametrize("family", WINDOWED)
+def test_a_sequence_past_every_window_matches_or_is_refused_at_the_door(family, tmp_path):
+    """Prompts longer than the window, and answers three windows long.
+    Gemma's windows llama.cpp applies as transformers does. Mistral's it
+    cannot (it runs Mistral as a llama, attending over everything): past the
+    window the two part, so such a job is refused by the learner and such an
+    assignment by a node, each in one line. (The other families have no window.)"""
+    from echo_learner.job_bounds import check_prompts_fit
+    from echo_learner.tasks.base import TaskError
+    from echo_learner.tasks.reverse import make as reverse
+    from echo_node.guard import ModelLimits, check_assignment
+    from protocol.wire.work import Prompt, WorkAssignment
+
+    model = tiny_model(family, **WINDOWED[family])
+    assert model.config.sliding_window == WINDOW
+    backend = llama_backend(tmp_path, "f32")
+    backend.load(config_json(model), state_bytes(model))
+    backend.seed = 3
+    rng = random.Random(3)
+    ps = [(257, *(rng.randrange(97, 123) for _ in range(WINDOW)), 61) for _ in range(2)]
+    groups = backend.generate(ps, 4, 3 * WINDOW, 1.0, ())  # no stop token: every answer runs to the end
+    backend.close()
+    learner = grouped_logprobs(model, ps, [[s.tokens for s in g] for g in groups], 256)
+    worst = max(
+        (ref - torch.tensor(s.logprobs)).abs().max().item()
+        for learner_group, group in zip(learner, groups)
+        for ref, s in zip(learner_group, group)
+    )
+    print(f"{family}: window {WINDOW}, worst |llama.cpp - learner| past it {worst:.2e}")
+    work = WorkAssignment(
+        job_id="j", version=0, min_version=0, prompts=(Prompt(1, ps[0]),), group_size=4,
+        max_new_tokens=3 * WINDOW, temperature=1.0, stop_token_ids=(), deadline_ms=1,
+    )  # fmt: skip
+    limits = ModelLimits.from_config(config_json(model))
+    task, tokens = reverse("length=8"), lambda p: (257, *p.text.encode(), 61)
+    if family == "mistral":
+        assert worst > 0.01  # why the door is shut
+        with pytest.raises(Refused, match="mistral's sliding window of 8"):
+            check_assignment(work, limits)
+        with pytest.raises(TaskError, match="sliding window"):
+            check_prompts_fit(task, tokens, model.config.to_dict(), 3 * WINDOW, seed=0)
+    else:
+        assert worst <= parity_f32(family)
+        check_assignment(work, limits)
+        check_prompts_fit(task, tokens, model.config.to_dict(), 3 * WINDOW, seed=0)
