@@ -243,6 +243,12 @@ class LearnerConfig(ConnectionSettings):
         lo=0.0,
         hi=1.0,
     )
+    selection_limit: float = setting(
+        0.0,
+        "nats at which a peer whose groups look picked by reward (the best of several) is caught; "
+        "0: off (the default: the reference drifts while the policy learns fast, and caught honest peers lose their credit)",
+        lo=0.0,
+    )
     checkpoint_every: int = setting(10, "write a checkpoint every N steps", lo=1)
     resume: bool = setting(False, "continue from the checkpoint in --data-dir")
     fresh: bool = setting(False, "start over although --data-dir holds a checkpoint (the ledger is kept)")

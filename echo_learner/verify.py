@@ -19,6 +19,7 @@ they feed the peer's evidence too (groups chosen for their rewards).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -158,7 +159,7 @@ class Verifier:
         # sent meanwhile must not pass the replay check.
         self._in_flight: set[tuple[str, bytes]] = set()
         self.evidence = EvidenceBook(
-            EvidenceLimits(precision_share=config.precision_checks),
+            EvidenceLimits(precision_share=config.precision_checks, reward_limit=config.selection_limit or math.inf),
             max_peers=config.max_peers_tracked,
             caught=ledger.caught(),
         )
