@@ -244,10 +244,16 @@ class LearnerConfig(ConnectionSettings):
         hi=1.0,
     )
     selection_limit: float = setting(
-        0.0,
-        "nats at which a peer whose groups look picked by reward (the best of several) is caught; "
-        "0: off (the default: the reference drifts while the policy learns fast, and caught honest peers lose their credit)",
+        14.0,
+        "nats at which a peer whose groups look picked by reward (the best of several) is caught; 0: off",
         lo=0.0,
+    )
+    twin_share: float = setting(
+        0.5,
+        "share of prompts handed to two peers: their groups side by side tell a peer that picks groups by reward "
+        "(both are trained on; docs/learner.md)",
+        lo=0.0,
+        hi=1.0,
     )
     checkpoint_every: int = setting(10, "write a checkpoint every N steps", lo=1)
     resume: bool = setting(False, "continue from the checkpoint in --data-dir")

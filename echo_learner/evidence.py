@@ -197,17 +197,24 @@ class EvidenceBook:
         return None
 
     def add_rewards(
-        self, peer: str, declared: tuple[str, str, str], version: int, groups: list[list[float]]
-    ) -> str | None:
+        self,
+        peer: str,
+        declared: tuple[str, str, str],
+        version: int,
+        groups: list[list[float]],
+        twins: list[int | None],
+    ) -> dict[str, str]:
         """Count the rewards of ``peer``'s accepted groups of ``version`` (each
-        a list of its completions' rewards): the reason to refuse the peer
-        from now on, or None."""
-        row = self.row(peer, declared)
-        for ratio in self.rewards.likelihood_ratios(peer, version, groups):
+        a list of its completions' rewards; the twin pair each belongs to, or
+        None): the peers caught by them (a completed pair weighs the other
+        peer's group too), each with its reason."""
+        caught = {}
+        for group, ratio in self.rewards.likelihood_ratios(peer, declared, version, groups, twins):
+            row = self.row(group.peer, group.row)
             row.selected = max(0.0, row.selected + ratio)
-        if row.selected > self.limits.reward_limit:
-            return self.catch(peer, SELECTED_GROUPS)
-        return None
+            if row.selected > self.limits.reward_limit and group.peer not in self.caught:
+                caught[group.peer] = self.catch(group.peer, SELECTED_GROUPS)
+        return caught
 
     def catch(self, peer: str, reason: str) -> str:
         self.caught.setdefault(peer, reason)

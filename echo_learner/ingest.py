@@ -394,8 +394,9 @@ class Ingest:
             self.pool.answer(a, Rollouts(batch.version, sender, scored))
             rewards.append(list(scored.rewards))
         declared = (batch.backend, batch.dtype, batch.device)
-        if reason := self.verifier.evidence.add_rewards(sender, declared, batch.version, rewards):
-            self.verifier.caught(sender, reason)  # its next batch is refused
+        twins = [a.twin for a in assignments if a is not None]
+        for peer, reason in self.verifier.evidence.add_rewards(sender, declared, batch.version, rewards, twins).items():
+            self.verifier.caught(peer, reason)  # its next batch is refused
         self.counters.rollouts_accepted += rollouts
         self.counters.batches_accepted += 1
         self.cpu.accepted += 1

@@ -12,6 +12,12 @@ a training step takes them.
   outstanding plus buffered groups are below ``capacity``, and a step takes
   the oldest groups made with a version no older than current - S.
 
+A share of the prompts (``twin_share``) is handed twice, to two different
+peers: each of the pair is a group of the same prompt, trained on like any
+other, and their scores side by side tell a peer that picks its groups by
+reward (``echo_learner.selection``) far sooner than scores of different
+prompts can. Which prompts are twins nobody is told.
+
 Everything is bounded: ``capacity`` groups in flight or buffered (plus what
 ``provisional`` peers hold), and at most ``memory`` assignments remembered
 (older ones can only fail verification).
@@ -20,6 +26,7 @@ Everything is bounded: ``capacity`` groups in flight or buffered (plus what
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +50,7 @@ class Assignment:
     given_back: list[str] = field(default_factory=list)  # peers that released it (their batch was refused)
     answered: bool = False
     lapse_charged: bool = False  # its expiry was counted against the holder
+    twin: int | None = None  # pairs of one prompt handed to two peers share this: the first's prompt_id
 
 
 @dataclass(frozen=True)
@@ -75,8 +83,14 @@ class PromptPool:
         capacity: int,
         assignment_timeout_s: float,
         memory: int,
+        twin_share: float = 0.0,
+        rng: random.Random | None = None,
     ):
         self.new_prompt = new_prompt
+        self.twin_share = twin_share
+        self.rng = rng or random.Random()
+        # Firsts of twin pairs whose second is still to be handed out.
+        self._firsts: deque[Assignment] = deque(maxlen=capacity)
         self.capacity = capacity
         self.assignment_timeout_s = assignment_timeout_s
         self.memory = memory
@@ -197,10 +211,15 @@ class PromptPool:
                 taken.append(a)
 
         while len(taken) < room:
+            first = self._first_for(peer, version)
+            if first is not None:
+                taken.append(self._add(first.prompt, first.tokens, version, peer, now, twin=first.prompt_id))
+                continue
             prompt, tokens = self.new_prompt()
-            a = Assignment(self.next_prompt_id, prompt, tokens, version, peer, 0.0, now)
-            self.next_prompt_id += 1
-            self.assignments[a.prompt_id] = self.unanswered[a.prompt_id] = a
+            a = self._add(prompt, tokens, version, peer, now)
+            if self.rng.random() < self.twin_share:
+                a.twin = a.prompt_id
+                self._firsts.append(a)
             taken.append(a)
         for a in taken:
             self._count(a, -1)
@@ -211,6 +230,27 @@ class PromptPool:
         self._forget(now)
         self._edits += 1
         return taken
+
+    def _add(
+        self, prompt: TaskPrompt, tokens: tuple[int, ...], version: int, peer: str, now: float, twin: int | None = None
+    ) -> Assignment:
+        a = Assignment(self.next_prompt_id, prompt, tokens, version, peer, 0.0, now, twin=twin)
+        self.next_prompt_id += 1
+        self.assignments[a.prompt_id] = self.unanswered[a.prompt_id] = a
+        return a
+
+    def _first_for(self, peer: str, version: int) -> Assignment | None:
+        """A twin pair's first, made for ``version`` and never handed to
+        ``peer``, whose second ``peer`` may take (it leaves the waiting line);
+        None if there is none. Firsts of older versions are dropped: side by
+        side, two groups say most when made with one policy."""
+        while self._firsts and self._firsts[0].version < version:
+            self._firsts.popleft()
+        for first in self._firsts:
+            if first.version == version and peer != first.peer and peer not in first.holders:
+                self._firsts.remove(first)
+                return first
+        return None
 
     def _forget(self, now: float) -> None:
         """Keep at most ``memory`` assignments: answered and expired ones go

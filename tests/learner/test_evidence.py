@@ -208,40 +208,83 @@ def test_emulation_is_asked_for_every_batch_in_probation_then_for_a_share():
     assert asked[:3] == [True] * 3 and 0.15 < sum(asked[3:]) / 397 < 0.35
 
 
-def test_groups_chosen_for_their_rewards_are_caught():
-    """Every peer's prompts are drawn alike: the best of 8 groups solves more
-    than the others' groups, batch after batch, an honest peer's only by
-    chance. Prompts as SmolLM2's two-term sums: each has its own chance of
-    being solved, mostly low (Beta(0.45, 1.9), fitted to 192 of its groups)."""
-    rng = random.Random(5)
+def sums_prompts(seed):
+    """Groups of 8 for prompts as SmolLM2's two-term sums: each has its own
+    chance of being solved, mostly low (Beta(0.45, 1.9), fitted to 192 of
+    its groups). ``group(chance, tries)``: the best of ``tries`` groups."""
+    rng = random.Random(seed)
 
-    def group(tries=1):
-        chance = rng.betavariate(0.45, 1.9)
-        draws = [[float(rng.random() < chance) for _ in range(8)] for _ in range(tries)]
+    def chance():
+        return rng.betavariate(0.45, 1.9)
+
+    def group(p=None, tries=1):
+        p = chance() if p is None else p
+        draws = [[float(rng.random() < p) for _ in range(8)] for _ in range(tries)]
         return max(draws, key=sum)
 
+    return chance, group
+
+
+def test_groups_chosen_for_their_rewards_are_caught():
+    """Every peer's prompts are drawn alike: the best of 8 groups solves more
+    than the others' groups of the same version, batch after batch, an honest
+    peer's only by chance."""
+    _, group = sums_prompts(5)
     evidence = book()
     caught = []
     for batch in range(1, 1000):
-        version = batch // 4
-        evidence.add_rewards("honest", DECLARED, version, [group(), group()])
-        if evidence.add_rewards("cheat", DECLARED, version, [group(8), group(8)]):
+        version = batch // 8
+        evidence.add_rewards("honest", DECLARED, version, [group(), group()], [None, None])
+        if evidence.add_rewards("cheat", DECLARED, version, [group(tries=8), group(tries=8)], [None, None]):
             caught.append(batch)
-        evidence.add_rewards("honest2", DECLARED, version, [group(), group()])
+        evidence.add_rewards("honest2", DECLARED, version, [group(), group()], [None, None])
     print(f"best of 8: caught after {caught[0]} batches of two groups; honest peers' evidence:",
           evidence.row("honest", DECLARED).selected, evidence.row("honest2", DECLARED).selected)  # fmt: skip
     # Each group weighs ~0.2 nats here (the likelihood ratio's mean under the
-    # best of 8): ~70 groups to the limit.
-    assert evidence.caught == {"cheat": SELECTED_GROUPS} and caught[0] <= 80
-    # A small swarm (one other node, three groups a version): the reference
-    # reaches back over versions until it has enough groups.
-    small = RewardReference()
-    for version in range(6):
-        small.likelihood_ratios("other", version, [group(), group(), group()])
-    assert len(small.likelihood_ratios("p", 6, [group()])) == 1
-    # With too few other groups to fit, or all scoring alike, nothing is weighed.
+    # best of 8), once a version has 16 other groups: ~100 groups to the limit.
+    assert evidence.caught == {"cheat": SELECTED_GROUPS} and caught[0] <= 120
+    # Too few other groups of the version, or all scoring alike: nothing is weighed.
     reference = RewardReference()
-    assert reference.likelihood_ratios("p", 0, [[1.0] * 8] * 2) == []
+    for version in range(6):
+        reference.likelihood_ratios("other", DECLARED, version, [group(), group(), group()], [None] * 3)
+    assert reference.likelihood_ratios("p", DECLARED, 6, [group()], [None]) == []
     for i in range(20):
-        reference.likelihood_ratios(f"o{i}", 0, [[0.0] * 8])
-    assert reference.likelihood_ratios("p", 0, [[1.0] * 8]) == []
+        reference.likelihood_ratios(f"o{i}", DECLARED, 7, [[0.0] * 8], [None])
+    assert reference.likelihood_ratios("p", DECLARED, 7, [[1.0] * 8], [None]) == []
+
+
+def test_twins_side_by_side_catch_the_best_of_8_in_a_swarm_of_two():
+    """Two peers, no third to compare with: only twins (one prompt handed to
+    both) weigh anything, each group against the other's count."""
+    chance, group = sums_prompts(6)
+    evidence = book()
+    caught, twin = [], 0
+    for batch in range(1, 200):
+        p = chance()
+        twin += 1
+        # Half the prompts are twins, their first with either peer.
+        first, second = ("honest", "cheat") if batch % 2 else ("cheat", "honest")
+        for peer in (first, second):
+            if evidence.add_rewards(peer, DECLARED, batch // 4, [group(p, 8 if peer == "cheat" else 1)], [twin]):
+                caught.append(batch)
+        evidence.add_rewards("honest", DECLARED, batch // 4, [group()], [None])
+        evidence.add_rewards("cheat", DECLARED, batch // 4, [group(tries=8)], [None])
+    print(f"best of 8, side by side: caught after {caught[0]} pairs", evidence.row("honest", DECLARED).selected)
+    assert evidence.caught == {"cheat": SELECTED_GROUPS} and caught[0] <= 64
+
+    # Two honest peers, thousands of pairs: never caught.
+    honest = book()
+    for twin in range(3000):
+        p = chance()
+        honest.add_rewards("a", DECLARED, twin // 8, [group(p)], [twin])
+        honest.add_rewards("b", DECLARED, twin // 8, [group(p)], [twin])
+    assert honest.caught == {} and max(honest.row(p, DECLARED).selected for p in "ab") < 10
+
+    # A pair weighs nothing when one peer answered both, or they were made with other versions.
+    reference = RewardReference()
+    assert reference.likelihood_ratios("a", DECLARED, 0, [[1.0] * 8, [0.0] * 8], [1, 1]) == []
+    assert reference.likelihood_ratios("a", DECLARED, 0, [[1.0] * 8], [2]) == []
+    assert reference.likelihood_ratios("b", DECLARED, 1, [[1.0] * 8], [2]) == []
+    reference.likelihood_ratios("a", DECLARED, 3, [[1.0] * 8], [3])
+    (first, r1), (second, r2) = reference.likelihood_ratios("b", DECLARED, 3, [[0.0] * 8], [3])
+    assert (first.peer, second.peer) == ("a", "b") and r1 > 0 > r2

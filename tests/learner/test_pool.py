@@ -1,6 +1,7 @@
 """The prompt pool's bounds: what untried peers hold is extra, never blocking a step."""
 
 import math
+import random
 from collections import Counter
 
 import trio
@@ -146,3 +147,36 @@ async def test_the_pools_running_counts_follow_every_change(autojump_clock):
         for peer in "abcd":
             round_ = [a for a in p.assignments.values() if a.version >= p.min_version and peer in a.holders]
             assert p.handed(peer) == len(round_), (peer, now)
+
+
+async def test_twins_go_to_two_peers_of_one_version_and_both_count():
+    counter = iter(range(10**6))
+    p = PromptPool(
+        lambda: (TaskPrompt(str(next(counter)), ""), (1,)),
+        capacity=64,
+        assignment_timeout_s=60,
+        memory=1000,
+        twin_share=0.5,
+    )
+    p.set_open(True)
+    mine = p.take("a", 8, version=0)
+    assert all(a.twin in (None, a.prompt_id) for a in mine)  # never a's own twin
+    firsts = {a.prompt_id: a.prompt.text for a in mine if a.twin is not None}
+    assert 1 <= len(firsts) <= 7  # about half of them (seeded below for the exact share)
+    seconds = p.take("b", len(firsts), version=0)
+    assert {a.twin: a.prompt.text for a in seconds} == firsts  # b gets them first, the same prompts
+    assert p.take("a", 1, version=0)[0].twin in (None, p.next_prompt_id - 1)  # still nothing of a's own
+
+    # A first left over from an older version is not handed out with a newer one.
+    p.take("a", 8, version=0)
+    assert all(a.twin is None or a.twin == a.prompt_id for a in p.take("b", 8, version=1))
+
+    # The share: of many prompts, about twin_share start a pair; the firsts
+    # waiting for their second are bounded by the pool's capacity.
+    p = PromptPool(lambda: (TaskPrompt("q", ""), (1,)), capacity=16, assignment_timeout_s=60, memory=10**5,
+                   twin_share=0.5, rng=random.Random(3))  # fmt: skip
+    p.set_open(True)
+    p.provisional = lambda peer: True  # handed beyond capacity
+    handed = p.take("a", 2000, version=0)
+    assert 900 < sum(a.twin is not None for a in handed) < 1100
+    assert len(p._firsts) == 16
