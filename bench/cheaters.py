@@ -62,6 +62,7 @@ LEARNER = (
     "--temperature", "0.7", "--lora", "16", "--lr", "2e-4", "--group-size", "8", "--prompts-per-step", "4",
     "--prompts-per-request", "1", "--max-new-tokens", "48", "--torch-threads", "1", "--steps", "100000",
     "--eval-every", "0",
+    "--selection-limit", "14", "--twin-share", "0.5",  # off by default (docs/learner.md): on here, for the best of 8
 )  # fmt: skip
 HONEST = ("--backend", "llama", "--dtype", "q8_0", "--threads", "1")
 

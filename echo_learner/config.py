@@ -244,14 +244,15 @@ class LearnerConfig(ConnectionSettings):
         hi=1.0,
     )
     selection_limit: float = setting(
-        14.0,
-        "nats at which a peer whose groups look picked by reward (the best of several) is caught; 0: off",
+        0.0,
+        "nats at which a peer whose groups look picked by reward (the best of several) is caught; 0: off "
+        "(the default: it caught honest nodes of a fast-learning job in tests, docs/learner.md)",
         lo=0.0,
     )
     twin_share: float = setting(
         0.5,
-        "share of prompts handed to two peers: their groups side by side tell a peer that picks groups by reward "
-        "(both are trained on; docs/learner.md)",
+        "with the selection test on: share of prompts handed to two peers, whose groups side by side tell a "
+        "peer that picks groups by reward (both are trained on; docs/learner.md)",
         lo=0.0,
         hi=1.0,
     )

@@ -141,7 +141,13 @@ def side_by_side(group: Group, twin: Group, prior: tuple[float, float]) -> float
 def beta_of(groups: list[tuple[int, int]]) -> tuple[float, float] | None:
     """The beta distribution of the prompts' chance of success that gives
     ``groups`` (successes, completions) their mean and spread (method of
-    moments), rounded for the cache; None when the groups all scored alike."""
+    moments), rounded for the cache; None when the groups all scored alike.
+
+    The beta is never surer of the mean than ``groups`` can make it (a + b
+    at most their number): fitted to few groups whose spread came out below
+    the binomial's, it was otherwise near a binomial at a mean known to
+    +-0.1, and every group of an honest peer above that mean weighed ~+1
+    nat."""
     shares = [c / n for c, n in groups]
     n = sum(size for _, size in groups) / len(groups)
     mean = sum(shares) / len(shares)
@@ -151,7 +157,7 @@ def beta_of(groups: list[tuple[int, int]]) -> tuple[float, float] | None:
     binomial = mean * (1 - mean) / n
     # The extra spread prompts' difficulty adds: rho = 1 / (a + b + 1).
     rho = min(max((spread / binomial - 1) / max(n - 1, 1), 1e-3), 0.999)
-    total = 1 / rho - 1
+    total = min(1 / rho - 1, len(groups))
     return round(mean * total, 3), round((1 - mean) * total, 3)
 
 

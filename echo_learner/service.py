@@ -163,7 +163,7 @@ class Learner:
             capacity=capacity,
             assignment_timeout_s=config.assignment_timeout_s,
             memory=capacity * 4 + 256,
-            twin_share=config.twin_share,
+            twin_share=config.twin_share if config.selection_limit else 0.0,
         )
         self.policies = Policies(keep=config.window + 1)
         self.peers = PeerBook(

@@ -25,7 +25,7 @@ from echo_learner.ingest import credited_tokens
 from echo_learner.logprobs import grouped_logprobs
 from echo_learner.model import build_model
 from echo_learner.recompute import logprob_error
-from echo_learner.selection import RewardReference
+from echo_learner.selection import RewardReference, beta_of
 from echo_learner.tolerance import tolerance
 from echo_learner.verify import check_logprobs
 from protocol.messages import UNSIGNED
@@ -251,6 +251,9 @@ def test_groups_chosen_for_their_rewards_are_caught():
     for i in range(20):
         reference.likelihood_ratios(f"o{i}", DECLARED, 7, [[0.0] * 8], [None])
     assert reference.likelihood_ratios("p", DECLARED, 7, [[1.0] * 8], [None]) == []
+    # Groups that spread less than binomial counts fit no surer a beta than
+    # their number (a + b = 16 here, not 999: a mean known to +-0.12).
+    assert beta_of([(4, 8), (3, 8)] * 8) == (7.0, 9.0)
 
 
 def test_twins_side_by_side_catch_the_best_of_8_in_a_swarm_of_two():
