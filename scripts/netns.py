@@ -27,8 +27,10 @@ absent. Only the topology's own addresses are ever used.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -102,6 +104,12 @@ class Topology:
         for line in existing.splitlines():
             name = line.split()[0] if line.strip() else ""
             if name.startswith(self.prefix + "-"):
+                # A killed run leaves its processes inside (miniupnpd among
+                # them: an orphan one made a later run's UPnP home unreachable).
+                pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError, ValueError):
+                        os.kill(int(pid), signal.SIGKILL)
                 subprocess.run(["ip", "netns", "del", name], capture_output=True)
         self._namespaces.clear()
 
