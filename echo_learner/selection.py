@@ -83,7 +83,9 @@ class RewardReference:
         groups side by side (the first's may be another peer's). Then the
         groups are remembered for other peers."""
         scored = [Group(peer, row, version, sum(r >= SUCCESS for r in g), len(g)) for g in groups]
-        prior, twins_prior = self._prior(peer, version), self._twins_prior(version)
+        # Each fit only where a group needs it: this runs for every accepted batch.
+        prior = self._prior(peer, version) if None in twins else None
+        twins_prior = self._twins_prior(version) if any(t is not None for t in twins) else UNFITTED
         ratios = []
         for group, twin in zip(scored, twins):
             if twin is None:
