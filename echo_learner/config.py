@@ -146,11 +146,41 @@ class LearnerConfig(ConnectionSettings):
         lo=0.05,
         hi=10.0,
     )
-    clip_eps: float = setting(0.2, "PPO clip range of the importance ratio", lo=0.0, hi=1.0)
-    ratio_cap: float = setting(
-        3.0, "truncate the importance ratio at this value where the advantage is negative", lo=1.0
+    # The loss, with TRL's names where TRL has the setting (docs/learner.md,
+    # "Our settings in TRL's terms"); the defaults equal TRL's GRPOConfig
+    # defaults but for --ratio-cap (TRL's delta, off there).
+    loss_type: str = setting(
+        "dapo",
+        "how per-token losses make the batch's loss, by TRL's names: dapo (= bnpo here: mean over the batch's "
+        "tokens), grpo (each answer's mean, then the mean over answers), dr_grpo (sum over tokens / "
+        "(answers x --max-new-tokens))",
+        choices=("dapo", "bnpo", "grpo", "dr_grpo"),
     )
-    kl_coef: float = setting(0.0, "weight of the KL penalty to the initial model (0: none)", lo=0.0)
+    scale_rewards: str = setting(
+        "group",
+        "divide advantages by the standard deviation of each group's rewards, of the batch's, or by nothing",
+        choices=("group", "batch", "none"),
+    )
+    importance_sampling_level: str = setting(
+        "token",
+        "importance ratios per token (GRPO) or one per answer, the mean of its tokens' log-ratios (GSPO)",
+        choices=("token", "sequence"),
+    )
+    clip_eps: float = setting(0.2, "PPO clip range of the importance ratio (TRL's epsilon)", lo=0.0, hi=1.0)
+    epsilon_high: float = setting(
+        0.0, "upper clip range of the ratio, e.g. 0.28 (DAPO's clip-higher; 0: --clip-eps)", lo=0.0, hi=10.0
+    )
+    ratio_cap: float = setting(
+        3.0,
+        "truncate the importance ratio at this value where the advantage is negative (dual-clip; TRL's delta)",
+        lo=1.0,
+    )
+    kl_coef: float = setting(0.0, "weight of the KL penalty to the initial model (TRL's beta; 0: none)", lo=0.0)
+    kl_importance_weighted: bool = setting(
+        True,
+        "weight each token's KL by its importance ratio, for the unbiased reverse-KL gradient on samples "
+        "from the nodes' policy (TRL's use_bias_correction_kl)",
+    )
     entropy_coef: float = setting(
         0.0,
         "weight of the entropy bonus, which keeps the policy from turning deterministic on prompts it has "

@@ -4,7 +4,7 @@ Each phase is metered in the CPU time of the thread that runs it
 (``time.thread_time``), and only around code that does not await: a trio
 task's wall time between awaits includes every other task's work. What no
 phase covers (the event loop, libp2p's Noise and yamux, the status API,
-publishing) is ``other``: the process's CPU time less the phases'. Shown in
+serving chunks) is ``other``: the process's CPU time less the phases'. Shown in
 ``/api/status`` under ``load`` (bench/swarm_load.py reads it).
 """
 
@@ -18,8 +18,9 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-# The phases of taking in one batch, in the order they happen, and training.
-PHASES = ("decode", "signature", "recompute", "receipt", "ledger", "train")
+# The phases of taking in one batch, in the order they happen, training, and
+# building a version to publish (exporting, chunking, hashing and signing it).
+PHASES = ("decode", "signature", "recompute", "receipt", "ledger", "train", "publish")
 
 
 class CpuSplit:

@@ -350,7 +350,19 @@ class Learner:
         under torchrun (``echo_learner.train_group``) that start from this
         process's model."""
         cfg = self.config
-        objective = Objective(cfg.clip_eps, cfg.ratio_cap, cfg.kl_coef, cfg.entropy_coef, cfg.push_down_flat)
+        objective = Objective(
+            clip_eps=cfg.clip_eps,
+            clip_eps_high=cfg.epsilon_high or None,
+            ratio_cap=cfg.ratio_cap,
+            kl_coef=cfg.kl_coef,
+            kl_importance_weighted=cfg.kl_importance_weighted,
+            entropy_coef=cfg.entropy_coef,
+            push_down_flat=cfg.push_down_flat,
+            loss_type=cfg.loss_type,
+            scale_rewards=cfg.scale_rewards,
+            importance_level=cfg.importance_sampling_level,
+            max_completion_length=cfg.max_new_tokens,
+        )
         common = {
             "lr": cfg.lr,
             "pad_id": self.tokenizer.pad_token_id,
@@ -537,7 +549,7 @@ class Learner:
             signed, chunks = build(version)
             return signed, chunks, self.trainer.snapshot() if policy else None
 
-        signed, chunks, snapshot = await trio.to_thread.run_sync(build_all)
+        signed, chunks, snapshot = await trio.to_thread.run_sync(self.ingest.cpu.timed, "publish", build_all)
         if self.publisher.base is not None and self.publisher.base[0] is signed:
             await self._publish_variants()
         encoded = codec.encode(signed)

@@ -150,7 +150,7 @@ class Worker:
 
     def step(self, groups: list[ScoredGroup]) -> dict:
         trainer = self.trainer
-        batch = Batch.of(groups, push_down_flat=trainer.objective.push_down_flat)
+        batch = Batch.of(groups, trainer.objective)
         if batch is None:  # no signal: every rank skips alike (Trainer.step says why)
             return {"loss": 0.0, "kl": 0.0, "reward_mean": reward_mean(groups), "tokens": 0}
         rows = range(self.rank, len(batch.completions), self.world)

@@ -12,8 +12,20 @@ from dataclasses import dataclass
 import torch
 
 from echo_learner.device import of as device_of
-from echo_learner.grpo import clipped_surrogate_loss, entropy_surrogate, group_advantages, kl_penalty
-from echo_learner.logprobs import TRAIN_BYTES_PER_LOGIT, completion_logprobs, row_slices, spread
+from echo_learner.grpo import (
+    IMPORTANCE_LEVELS,
+    LOSS_TYPES,
+    SCALE_REWARDS,
+    clipped_surrogate,
+    entropy_surrogate,
+    group_advantages,
+    kl_per_token,
+    log_importance_weights,
+    loss_denominator,
+    loss_numerator,
+    token_sum,
+)
+from echo_learner.logprobs import right_padded, shared_prompt_logprobs, training_parts
 from echo_learner.lora import frozen_copy, state_bytes
 
 
@@ -37,11 +49,30 @@ class StepStats:
 
 @dataclass(frozen=True)
 class Objective:
-    clip_eps: float
-    ratio_cap: float
-    kl_coef: float
-    entropy_coef: float = 0.0
-    push_down_flat: bool = False  # see group_advantages
+    """The loss, in the terms of ``echo_learner.grpo`` (TRL's names in brackets)."""
+
+    clip_eps: float  # [epsilon]
+    ratio_cap: float  # [delta]
+    kl_coef: float  # [beta]
+    kl_importance_weighted: bool = True  # [use_bias_correction_kl]
+    entropy_coef: float = 0.0  # ours: entropy_surrogate
+    push_down_flat: bool = False  # ours: see group_advantages
+    loss_type: str = "dapo"  # [loss_type]
+    clip_eps_high: float | None = None  # [epsilon_high]; None: clip_eps
+    scale_rewards: str = "group"  # [scale_rewards]
+    importance_level: str = "token"  # [importance_sampling_level]
+    max_completion_length: int = 0  # dr_grpo's divisor [max_completion_length]
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (
+            ("loss_type", self.loss_type, LOSS_TYPES),
+            ("scale_rewards", self.scale_rewards, SCALE_REWARDS),
+            ("importance_level", self.importance_level, IMPORTANCE_LEVELS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, not {value!r}")
+        if self.loss_type == "dr_grpo" and self.max_completion_length < 1:
+            raise ValueError("dr_grpo divides by max_completion_length: give it")
 
 
 def trainable_of(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -83,7 +114,7 @@ class Trainer:
 
     def step(self, groups: list[ScoredGroup]) -> StepStats:
         """One optimiser step on a batch of scored groups."""
-        batch = Batch.of(groups, push_down_flat=self.objective.push_down_flat)
+        batch = Batch.of(groups, self.objective)
         if batch is None:
             # Every group scored all its completions alike: nothing to learn.
             # An AdamW step on zero gradients would still move the weights and
@@ -102,12 +133,14 @@ class Trainer:
         """Accumulate the gradient of ``rows``' share of the batch's loss;
         their ``(loss, kl)`` contributions.
 
-        Long answers go through the model in parts whose logits fit the
-        memory budget, each part's loss weighted by its share of the whole
-        batch's tokens, so that parts (and the ranks of ``--train-procs``,
-        each given some rows) add up to the whole batch's mean. ``passes``:
-        run at least this many forward/backward passes, padding with passes
-        that add nothing (sharded ranks must all run the same number).
+        Each group goes through the model on its own, its prompt once
+        (``logprobs.shared_prompt_logprobs``), long answers in parts whose
+        logits fit the memory budget; each part's loss divided by the whole batch's
+        denominator (``grpo.loss_denominator``), so that parts (and the ranks
+        of ``--train-procs``, each given some rows) add up to the whole
+        batch's loss. ``passes``: run at least this many forward/backward
+        passes, padding with passes that add nothing (sharded ranks must all
+        run the same number).
         ``scale`` multiplies the gradient (FSDP averages over ranks).
         """
         obj = self.objective
@@ -116,29 +149,37 @@ class Trainer:
         completions = [batch.completions[i] for i in rows]
         behaviour = [batch.behaviour[i] for i in rows]
         advantages = batch.advantages[rows.start : rows.stop : rows.step].to(where)
-        widths = [len(p) + len(c) for p, c in zip(prompts, completions)]
-        parts = row_slices(widths, self.model.config.vocab_size, self.max_logit_bytes, TRAIN_BYTES_PER_LOGIT)
+        parts = training_parts(prompts, completions, self.model.config.vocab_size, self.max_logit_bytes)
         total_loss, total_kl = 0.0, 0.0
+        denominator = loss_denominator(
+            obj.loss_type, rows=batch.rows, tokens=batch.tokens, max_completion_length=obj.max_completion_length
+        )
         for part in parts:
-            logprobs, mask = completion_logprobs(
-                self.model, prompts[part], completions[part], self.pad_id, self.temperature
+            logprobs, mask = shared_prompt_logprobs(
+                self.model, prompts[part.start], completions[part], self.pad_id, self.temperature
             )
-            share = float(mask.sum()) / batch.tokens
-            old = spread(behaviour[part], prompts[part], logprobs.shape[1], where)
-            loss = clipped_surrogate_loss(logprobs, old, advantages[part], mask, obj.clip_eps, obj.ratio_cap)
-            if obj.entropy_coef:
-                loss = loss + obj.entropy_coef * entropy_surrogate(logprobs, mask)
+            old = right_padded(behaviour[part], logprobs.shape[1], where)
+            weights = log_importance_weights(logprobs, old, mask, obj.importance_level)
+            per_token = clipped_surrogate(weights, advantages[part], obj.clip_eps, obj.ratio_cap, obj.clip_eps_high)
             kl = torch.zeros(())
             if self.reference is not None:
                 with torch.no_grad():
-                    ref, _ = completion_logprobs(
-                        self.reference, prompts[part], completions[part], self.pad_id, self.temperature
+                    ref, _ = shared_prompt_logprobs(
+                        self.reference, prompts[part.start], completions[part], self.pad_id, self.temperature
                     )
-                kl = kl_penalty(logprobs, ref, mask)
-                loss = loss + obj.kl_coef * kl
-            (loss * share * scale).backward()
-            total_loss += float(loss.detach()) * share
-            total_kl += float(kl.detach()) * share
+                per_token_kl = kl_per_token(logprobs, ref)
+                kl = token_sum(per_token_kl, mask) / batch.tokens
+                if obj.kl_importance_weighted:
+                    # The samples came from the node's policy: weighting by the
+                    # ratio makes the gradient the unbiased reverse KL's.
+                    per_token_kl = per_token_kl * torch.exp(weights)
+                per_token = per_token + obj.kl_coef * per_token_kl
+            loss = loss_numerator(per_token, mask, obj.loss_type) / denominator
+            if obj.entropy_coef:
+                loss = loss + obj.entropy_coef * entropy_surrogate(logprobs, mask) * float(mask.sum()) / batch.tokens
+            (loss * scale).backward()
+            total_loss += float(loss.detach())
+            total_kl += float(kl.detach())
         for _ in range(passes - len(parts)):
             self._empty_pass()
         return total_loss, total_kl
@@ -150,8 +191,9 @@ class Trainer:
 
     def passes(self, batch: Batch, rows: range) -> int:
         """How many forward/backward passes ``backward`` makes for ``rows``."""
-        widths = [len(batch.prompts[i]) + len(batch.completions[i]) for i in rows]
-        return len(row_slices(widths, self.model.config.vocab_size, self.max_logit_bytes, TRAIN_BYTES_PER_LOGIT))
+        prompts = [batch.prompts[i] for i in rows]
+        completions = [batch.completions[i] for i in rows]
+        return len(training_parts(prompts, completions, self.model.config.vocab_size, self.max_logit_bytes))
 
     # What the learner does around steps; the same for --train-procs workers
     # (echo_learner.train_group.TrainGroup).
@@ -186,14 +228,20 @@ class Batch:
     tokens: int
     reward_mean: float
 
+    @property
+    def rows(self) -> int:
+        return len(self.completions)
+
     @classmethod
-    def of(cls, groups: list[ScoredGroup], *, push_down_flat: bool = False) -> Batch | None:
+    def of(cls, groups: list[ScoredGroup], objective: Objective) -> Batch | None:
         """The batch, or None when no group has any signal (every advantage 0)."""
         sizes = {len(g.rewards) for g in groups}
         if len(sizes) != 1:
             raise ValueError(f"groups of different sizes in one step: {sorted(sizes)}")
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
-        advantages = group_advantages(rewards, push_down_flat=push_down_flat).flatten()
+        advantages = group_advantages(
+            rewards, scale=objective.scale_rewards, push_down_flat=objective.push_down_flat
+        ).flatten()
         if not advantages.any():
             return None
         completions = [c for g in groups for c in g.completions]

@@ -1,13 +1,27 @@
 import pytest
 import torch
 
-from echo_learner.grpo import clipped_surrogate_loss, entropy_surrogate, group_advantages, kl_penalty
+from echo_learner.grpo import (
+    clipped_surrogate,
+    entropy_surrogate,
+    group_advantages,
+    kl_penalty,
+    loss_denominator,
+    loss_numerator,
+)
+
+
+def clipped_surrogate_loss(logp, behaviour, advantages, mask, clip_eps, ratio_cap=float("inf")):
+    """The default loss (dapo): token-level ratios, the mean over the batch's tokens."""
+    per_token = clipped_surrogate(logp - behaviour, advantages, clip_eps, ratio_cap)
+    return loss_numerator(per_token, mask, "dapo") / mask.sum()
 
 
 def test_advantages_are_group_normalised():
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5]])
     adv = group_advantages(rewards)
-    assert torch.allclose(adv[0], torch.tensor([1.0, -1.0, -1.0, 1.0]), atol=1e-4)
+    # TRL's scale: Bessel's standard deviation (0.577, not 0.5), plus 1e-4
+    assert torch.allclose(adv[0], torch.tensor([1.0, -1.0, -1.0, 1.0]) * 0.5 / (0.5 * (4 / 3) ** 0.5 + 1e-4))
     assert torch.equal(adv[1], torch.zeros(4))  # a uniform group teaches nothing
 
 
@@ -17,7 +31,7 @@ def test_a_flat_group_below_the_step_s_mean_gets_its_standard_score_when_asked()
     pushed = group_advantages(rewards, push_down_flat=True)
     assert torch.equal(plain[1:], torch.zeros(2, 4))
     assert torch.equal(pushed[0], plain[0])  # groups whose rewards differ: GRPO's own
-    expected = (1 / 3 - rewards.mean()) / rewards.std(unbiased=False)
+    expected = (1 / 3 - rewards.mean()) / (rewards.std() + 1e-4)
     assert torch.allclose(pushed[1], expected.expand(4)) and expected < -0.5
     assert torch.equal(pushed[2], torch.zeros(4))  # flat at or above the mean: nothing to push
 
@@ -79,3 +93,14 @@ def test_the_entropy_surrogate_s_expected_gradient_is_the_negative_entropy_s():
     before = -(logp.exp() * logp).sum()
     after_logp = torch.log_softmax(logits - 0.5 * exact, dim=0)
     assert -(after_logp.exp() * after_logp).sum() > before
+
+
+@pytest.mark.parametrize(("loss_type", "expected"), [("dapo", 6 / 5), ("grpo", (1 + 2) / 2), ("dr_grpo", 6 / (2 * 8))])
+def test_each_loss_type_weighs_tokens_as_its_name_says(loss_type, expected):
+    """A 4-token answer of loss 1 a token and a 1-token answer of loss 2: dapo
+    averages the 5 tokens, grpo the 2 answers' means, dr_grpo divides the sum
+    by 2 answers x 8 tokens (the answer budget)."""
+    per_token = torch.tensor([[1.0, 1.0, 1.0, 1.0], [2.0, 7.0, 7.0, 7.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    denominator = loss_denominator(loss_type, rows=2, tokens=5, max_completion_length=8)
+    assert loss_numerator(per_token, mask, loss_type) / denominator == pytest.approx(expected)
