@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from transformers import DynamicCache
 
 from echo_learner.device import of as device_of
 
@@ -44,6 +45,8 @@ CONCENTRATION = 0.1
 TAIL_DEFICIT = 0.5
 ALTERNATIVES = ("hotter", "colder", "concentrated", "tail")
 TRAIN_BYTES_PER_LOGIT = 4 * 4
+# Training's batches of completions: at most this many padded tokens per real one.
+PADDING_SLACK = 1.25
 
 
 def row_slices(widths: Sequence[int], vocab: int, max_bytes: int, bytes_per_logit: int) -> list[slice]:
@@ -116,12 +119,30 @@ def training_parts(
     return parts
 
 
+def length_buckets(lengths: Sequence[int], slack: float = PADDING_SLACK) -> list[list[int]]:
+    """Rows (indices) in batches of similar length, longest first: a batch
+    is padded to its longest row, and ``slack`` bounds its padded tokens
+    over its real ones."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    buckets: list[list[int]] = []
+    real = 0
+    for i in order:
+        if buckets and (len(buckets[-1]) + 1) * lengths[buckets[-1][0]] <= slack * (real + lengths[i]):
+            buckets[-1].append(i)
+            real += lengths[i]
+        else:
+            buckets.append([i])
+            real = lengths[i]
+    return buckets
+
+
 def shared_prompt_logprobs(
     model: torch.nn.Module,
     prompt: Sequence[int],
     completions: Sequence[Sequence[int]],
     pad_id: int,
     temperature: float = 1.0,
+    padding_slack: float = PADDING_SLACK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logprobs, mask)`` of completions of one prompt, both ``[n, longest]``:
     column j is completion token j; ``mask`` marks real tokens. With
@@ -129,30 +150,42 @@ def shared_prompt_logprobs(
 
     The prompt goes through the model once and its KV cache serves every
     completion, where ``completion_logprobs`` runs it once per completion
-    and takes the logits of every prompt position too: on SmolLM2's
-    two-term sums (~55-token chat prompts, groups of 8) a training step took
-    29 s instead of 47 (bench/vs_trl.py). The gradient flows through the
-    cache into the prompt's pass.
+    and takes the logits of every prompt position too; and completions go
+    through in batches of similar length (``length_buckets``), not all
+    padded to the longest (docs/learner.md, "Against TRL", has the
+    figures). The gradient flows through the cache into the prompt's pass.
     """
     where = device_of(model)
-    n, width = len(completions), max(len(c) for c in completions)
-    tokens = torch.full((n, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((n, width))
-    for i, c in enumerate(completions):
-        tokens[i, : len(c)] = torch.tensor(list(c))
-        mask[i, : len(c)] = 1
-    tokens, mask = tokens.to(where), mask.to(where)
+    lengths = [len(c) for c in completions]
     out = model(input_ids=torch.tensor([list(prompt)], device=where), use_cache=True, logits_to_keep=1)
-    first = torch.log_softmax(out.logits[0, -1].float() / temperature, dim=-1)[tokens[:, 0]]
-    if width == 1:
-        return first[:, None], mask
-    cache = out.past_key_values
-    cache.batch_select_indices(torch.zeros(n, dtype=torch.long, device=where))  # every row continues the prompt
-    # Right padding comes after every real token: causal attention never sees it.
-    positions = (len(prompt) + torch.arange(width - 1, device=where)).expand(n, -1)
-    logits = model(input_ids=tokens[:, :-1], position_ids=positions, cache=cache).logits
-    rest = torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
-    return torch.cat([first[:, None], rest], dim=1), mask
+    firsts = torch.tensor([c[0] for c in completions], device=where)
+    first = torch.log_softmax(out.logits[0, -1].float() / temperature, dim=-1)[firsts]
+    rows: list[torch.Tensor] = [first[i : i + 1] for i in range(len(completions))]
+    prompt_kv = list(out.past_key_values)
+    for bucket in length_buckets(lengths, padding_slack):
+        width = lengths[bucket[0]]
+        if width < 2:
+            break  # the rest are one-token completions: the prompt's pass scored them
+        tokens = torch.full((len(bucket), width), pad_id, dtype=torch.long)
+        for j, i in enumerate(bucket):
+            tokens[j, : lengths[i]] = torch.tensor(list(completions[i]))
+        tokens = tokens.to(where)
+        # Every row continues the prompt: its cache, shared (expand copies nothing).
+        n = len(bucket)
+        cache = DynamicCache(
+            ddp_cache_data=[(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v, *_ in prompt_kv],
+            config=model.config,
+        )
+        # Right padding comes after every real token: causal attention never sees it.
+        positions = (len(prompt) + torch.arange(width - 1, device=where)).expand(len(bucket), -1)
+        logits = model(input_ids=tokens[:, :-1], position_ids=positions, cache=cache).logits
+        rest = torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+        for j, i in enumerate(bucket):
+            rows[i] = torch.cat([first[i : i + 1], rest[j, : lengths[i] - 1]])
+    mask = torch.zeros((len(completions), max(lengths)), device=where)
+    for i, length in enumerate(lengths):
+        mask[i, :length] = 1
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), mask
 
 
 def right_padded(values: Sequence[Sequence[float]], width: int, device: torch.device | None = None) -> torch.Tensor:

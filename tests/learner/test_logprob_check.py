@@ -284,3 +284,17 @@ def test_tokens_not_sampled_from_the_policy_are_caught_even_with_exact_logprobs(
             assert check_logprobs(error, allowed) == IMPLAUSIBLE, (kind, error)
     honest_error = logprob_error(honest_model, prompts, honest, pad_id=256)
     assert check_logprobs(honest_error, tolerance("torch", "f32")) is None
+
+
+def test_length_buckets_hold_every_row_once_and_bound_their_padding():
+    from echo_learner.logprobs import length_buckets
+
+    rng = random.Random(6)
+    for _ in range(200):
+        lengths = [rng.choice([rng.randint(1, 20), 64]) for _ in range(rng.randint(1, 16))]
+        buckets = length_buckets(lengths, slack=1.25)
+        assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))
+        for b in buckets:
+            width = max(lengths[i] for i in b)
+            assert len(b) == 1 or len(b) * width <= 1.25 * sum(lengths[i] for i in b)
+        assert len(length_buckets([64] * 8)) == 1  # alike: one batch
