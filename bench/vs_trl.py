@@ -159,6 +159,7 @@ def trl_worker(job: Job, out: Path) -> None:
             if state.global_step in (job.middle, job.steps):
                 before = time.process_time()
                 where = out / f"trl-step{state.global_step}"
+                model.config.use_cache = True  # TRL turns it off to train; scoring generates
                 model.save_pretrained(where)
                 tokenizer.save_pretrained(where)
                 saved_cpu += time.process_time() - before  # scoring's, not training's
