@@ -188,6 +188,24 @@ def shared_prompt_logprobs(
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), mask
 
 
+def whole_row_logprobs(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    pad_id: int,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``completion_logprobs`` in ``shared_prompt_logprobs``' layout, from one
+    forward pass whatever the rows: what sharded (FSDP) ranks need, whose
+    every pass is a collective that all ranks must make alike."""
+    full, _ = completion_logprobs(model, prompts, completions, pad_id, temperature)
+    rows = [full[i, len(p) - 1 : len(p) - 1 + len(c)] for i, (p, c) in enumerate(zip(prompts, completions))]
+    mask = torch.zeros((len(completions), max(len(c) for c in completions)), device=full.device)
+    for i, c in enumerate(completions):
+        mask[i, : len(c)] = 1
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), mask
+
+
 def right_padded(values: Sequence[Sequence[float]], width: int, device: torch.device | None = None) -> torch.Tensor:
     """Per-completion-token values laid out like ``shared_prompt_logprobs``' output."""
     out = torch.zeros((len(values), width))

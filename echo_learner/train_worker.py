@@ -130,6 +130,7 @@ class Worker:
             max_logit_bytes=settings["max_logit_bytes"],
             temperature=settings["temperature"],
             reference=reference,
+            share_prompts=False,  # every rank makes the same passes, whatever its rows
         )
         self.rank, self.world = dist.get_rank(), world
 

@@ -25,7 +25,14 @@ from echo_learner.grpo import (
     loss_numerator,
     token_sum,
 )
-from echo_learner.logprobs import right_padded, shared_prompt_logprobs, training_parts
+from echo_learner.logprobs import (
+    TRAIN_BYTES_PER_LOGIT,
+    right_padded,
+    row_slices,
+    shared_prompt_logprobs,
+    training_parts,
+    whole_row_logprobs,
+)
 from echo_learner.lora import frozen_copy, state_bytes
 
 
@@ -90,8 +97,12 @@ class Trainer:
         max_logit_bytes: int = 2**30,
         temperature: float = 1.0,
         reference: torch.nn.Module | None = None,
+        share_prompts: bool = True,
     ):
         self.model = model
+        # One pass per prompt and its group (fewer tokens), or one per part
+        # of whole rows (a fixed number of passes: FSDP ranks need that).
+        self.share_prompts = share_prompts
         self.temperature = temperature
         self.objective = objective
         self.pad_id = pad_id
@@ -149,24 +160,20 @@ class Trainer:
         completions = [batch.completions[i] for i in rows]
         behaviour = [batch.behaviour[i] for i in rows]
         advantages = batch.advantages[rows.start : rows.stop : rows.step].to(where)
-        parts = training_parts(prompts, completions, self.model.config.vocab_size, self.max_logit_bytes)
+        parts = self._parts(prompts, completions)
         total_loss, total_kl = 0.0, 0.0
         denominator = loss_denominator(
             obj.loss_type, rows=batch.rows, tokens=batch.tokens, max_completion_length=obj.max_completion_length
         )
         for part in parts:
-            logprobs, mask = shared_prompt_logprobs(
-                self.model, prompts[part.start], completions[part], self.pad_id, self.temperature
-            )
+            logprobs, mask = self._logprobs(self.model, prompts, completions, part)
             old = right_padded(behaviour[part], logprobs.shape[1], where)
             weights = log_importance_weights(logprobs, old, mask, obj.importance_level)
             per_token = clipped_surrogate(weights, advantages[part], obj.clip_eps, obj.ratio_cap, obj.clip_eps_high)
             kl = torch.zeros(())
             if self.reference is not None:
                 with torch.no_grad():
-                    ref, _ = shared_prompt_logprobs(
-                        self.reference, prompts[part.start], completions[part], self.pad_id, self.temperature
-                    )
+                    ref, _ = self._logprobs(self.reference, prompts, completions, part)
                 per_token_kl = kl_per_token(logprobs, ref)
                 kl = token_sum(per_token_kl, mask) / batch.tokens
                 if obj.kl_importance_weighted:
@@ -191,9 +198,21 @@ class Trainer:
 
     def passes(self, batch: Batch, rows: range) -> int:
         """How many forward/backward passes ``backward`` makes for ``rows``."""
-        prompts = [batch.prompts[i] for i in rows]
-        completions = [batch.completions[i] for i in rows]
-        return len(training_parts(prompts, completions, self.model.config.vocab_size, self.max_logit_bytes))
+        return len(self._parts([batch.prompts[i] for i in rows], [batch.completions[i] for i in rows]))
+
+    def _parts(self, prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]]) -> list[slice]:
+        vocab = self.model.config.vocab_size
+        if self.share_prompts:
+            return training_parts(prompts, completions, vocab, self.max_logit_bytes)
+        widths = [len(p) + len(c) for p, c in zip(prompts, completions)]
+        return row_slices(widths, vocab, self.max_logit_bytes, TRAIN_BYTES_PER_LOGIT)
+
+    def _logprobs(
+        self, model: torch.nn.Module, prompts: list, completions: list, part: slice
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.share_prompts:
+            return shared_prompt_logprobs(model, prompts[part.start], completions[part], self.pad_id, self.temperature)
+        return whole_row_logprobs(model, prompts[part], completions[part], self.pad_id, self.temperature)
 
     # What the learner does around steps; the same for --train-procs workers
     # (echo_learner.train_group.TrainGroup).

@@ -55,7 +55,9 @@ def one_process(steps: list[list[ScoredGroup]], checkpoint: tuple[dict, dict] | 
     model = build_model()
     # As the learner does: the trainer (and its KL reference) first, from the
     # starting weights; then a checkpoint's state.
-    trainer = Trainer(model, lr=LR, objective=OBJ, pad_id=256, temperature=0.8)
+    trainer = Trainer(
+        model, lr=LR, objective=OBJ, pad_id=256, temperature=0.8, share_prompts=False
+    )  # as the ranks run it
     if checkpoint is not None:
         model.load_state_dict(checkpoint[0])
         trainer.resume(copy.deepcopy(checkpoint[1]))  # AdamW counts its steps in the state's own tensors
@@ -108,7 +110,7 @@ def test_lora_adapters_train_alike_on_two_ranks():
     two = copy.deepcopy(one)
     # No KL: its reference is the model the ranks build (B = 0), not these weights.
     no_kl = Objective(OBJ.clip_eps, OBJ.ratio_cap, kl_coef=0.0)
-    trainer = Trainer(one, lr=1e-2, objective=no_kl, pad_id=256, temperature=0.8)
+    trainer = Trainer(one, lr=1e-2, objective=no_kl, pad_id=256, temperature=0.8, share_prompts=False)
     objective = {"clip_eps": no_kl.clip_eps, "ratio_cap": no_kl.ratio_cap, "kl_coef": 0.0}
     with TrainGroup(two, procs=2, settings=settings(lr=1e-2, lora=lora.as_dict(), objective=objective)) as group:
         for batch in batches(2):

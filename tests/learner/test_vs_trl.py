@@ -138,7 +138,9 @@ def trl_loss(start, settings: dict, out_dir) -> tuple[float, float]:
     return float(loss), grad_norm(model)
 
 
-def echo_loss(start, objective: Objective, max_logit_bytes: int = 2**30) -> tuple[float, float]:
+def echo_loss(
+    start, objective: Objective, max_logit_bytes: int = 2**30, share_prompts: bool = True
+) -> tuple[float, float]:
     _, tokenizer, moved, behaviour = start
     model = build_model()
     trainer = Trainer(
@@ -148,6 +150,7 @@ def echo_loss(start, objective: Objective, max_logit_bytes: int = 2**30) -> tupl
         pad_id=tokenizer.pad_token_id,
         temperature=TEMPERATURE,
         max_logit_bytes=max_logit_bytes,
+        share_prompts=share_prompts,
     )
     model.load_state_dict(moved)  # after the reference was copied from the start
     groups = [
@@ -176,6 +179,9 @@ def test_our_loss_and_gradient_equal_trl_s(variant, start, tmp_path):
     # Split into one row per forward pass (the logit memory budget), the same.
     split = echo_loss(start, ours(settings), max_logit_bytes=1)
     assert split == pytest.approx(echo, rel=1e-5, abs=1e-6)
+    # Whole rows, as the ranks of --train-procs run them: the same.
+    rows = echo_loss(start, ours(settings), share_prompts=False)
+    assert rows == pytest.approx(echo, rel=1e-5, abs=1e-6)
 
 
 def test_the_variants_differ(start):
