@@ -19,7 +19,7 @@ ours is the learner process alone (the nodes are the volunteers'); TRL's its
 whole process. Ours is split by phase from the learner's ``/api/status``
 (``load``: CPU ms per accepted batch of one group) and its step timings.
 
-    python bench/vs_trl.py --json                       # 40 steps, seeds 0 and 1: about 2 hours on 2 cores
+    python bench/vs_trl.py --json                       # 40 steps, seeds 0 and 1: about 3 hours on 2 cores
     python bench/vs_trl.py --steps 4 --seeds 0 --heldout-n 16 --json   # a smoke run, ~6 minutes
 
 Needs the ``[compare]`` extra (``pip install -e '.[compare]'``: trl, matplotlib).
@@ -299,6 +299,7 @@ def one_seed(job: Job, root: Path, heldout_n: int, start: dict, trl_from: Path |
         trl = json.loads((out / "trl.json").read_text()) | {"reused_from": str(trl_from)}
     print(f"seed {job.seed}: Echo Swarm", file=sys.stderr, flush=True)
     echo = run_echo(job, out)
+    (out / "echo.json").write_text(json.dumps(echo))  # kept should scoring fail
     print(f"seed {job.seed}: scoring", file=sys.stderr, flush=True)
     trl["heldout"] = {
         0: start,
@@ -327,7 +328,7 @@ def one_seed(job: Job, root: Path, heldout_n: int, start: dict, trl_from: Path |
 
 
 def phase_split(echo: dict) -> dict:
-    """Our learner's CPU per step by phase (ms per batch of one group x groups a step)."""
+    """Our learner's CPU by phase, in ms per accepted batch (``/api/status`` ``load``)."""
     load = echo.get("load") or {}
     per_batch = load.get("cpu_ms_per_batch", {})
     return {name: round(ms, 1) for name, ms in per_batch.items()}
