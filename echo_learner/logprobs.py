@@ -182,10 +182,7 @@ def shared_prompt_logprobs(
         rest = torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
         for j, i in enumerate(bucket):
             rows[i] = torch.cat([first[i : i + 1], rest[j, : lengths[i] - 1]])
-    mask = torch.zeros((len(completions), max(lengths)), device=where)
-    for i, length in enumerate(lengths):
-        mask[i, :length] = 1
-    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), mask
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), completion_mask(lengths, where)
 
 
 def whole_row_logprobs(
@@ -200,10 +197,13 @@ def whole_row_logprobs(
     every pass is a collective that all ranks must make alike."""
     full, _ = completion_logprobs(model, prompts, completions, pad_id, temperature)
     rows = [full[i, len(p) - 1 : len(p) - 1 + len(c)] for i, (p, c) in enumerate(zip(prompts, completions))]
-    mask = torch.zeros((len(completions), max(len(c) for c in completions)), device=full.device)
-    for i, c in enumerate(completions):
-        mask[i, : len(c)] = 1
+    mask = completion_mask([len(c) for c in completions], full.device)
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), mask
+
+
+def completion_mask(lengths: Sequence[int], device: torch.device | None = None) -> torch.Tensor:
+    """1 where a right-padded row of completion tokens has a real token."""
+    return (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).float().to(device)
 
 
 def right_padded(values: Sequence[Sequence[float]], width: int, device: torch.device | None = None) -> torch.Tensor:
