@@ -38,6 +38,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from xml.etree import ElementTree
 
 import psutil
 
@@ -135,7 +136,7 @@ def trl_worker(job: Job, out: Path) -> None:
         warmup_steps=0,
         weight_decay=0.0,
         max_grad_norm=1.0,
-        optim="adamw_torch",
+        optim="adamw_torch_fused",  # its default; ours is fused too
         beta=job.kl_coef,
         loss_type=job.loss_type,
         delta=3.0,  # our --ratio-cap (on-policy here: ratio 1, no effect)
@@ -327,6 +328,25 @@ def one_seed(job: Job, root: Path, heldout_n: int, start: dict, trl_from: Path |
     }
 
 
+def objective_parity(root: Path) -> dict:
+    """Our loss and gradient norm against TRL's on one fixed batch, per
+    variant: tests/learner/test_vs_trl.py run here, its measured
+    differences read from its --junitxml properties."""
+    report = root / "objective_parity.xml"
+    test = ROOT / "tests" / "learner" / "test_vs_trl.py"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test), "-k", "equal_trl"]
+    cmd += ["-o", "junit_family=xunit1", f"--junitxml={report}"]
+    ran = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    variants: dict[str, dict] = {}
+    for case in ElementTree.parse(report).getroot().iter("testcase"):
+        variant = case.get("name", "").partition("[")[2].rstrip("]")
+        found = {p.get("name"): float(p.get("value")) for p in case.iter("property")}
+        failed = case.find("failure") is not None or case.find("error") is not None
+        variants[variant] = {k: float(f"{v:.3g}") for k, v in found.items()} | {"passed": not failed}
+    worst = max((v.get("abs_delta_loss", math.inf) for v in variants.values()), default=math.inf)
+    return {"variants": variants, "max_abs_delta_loss": worst, "pytest_rc": ran.returncode}
+
+
 def phase_split(echo: dict) -> dict:
     """Our learner's CPU by phase, in ms per accepted batch (``/api/status`` ``load``)."""
     load = echo.get("load") or {}
@@ -389,6 +409,8 @@ def main() -> int:
     root = args.dir or Path(os.environ.get("TMPDIR", "/tmp")) / "echo-vs-trl"
     root.mkdir(parents=True, exist_ok=True)
     base_job = Job(steps=args.steps, max_new_tokens=args.max_new_tokens)
+    print("checking the objective against TRL's", file=sys.stderr, flush=True)
+    parity = objective_parity(root)
     print("scoring the base model", file=sys.stderr, flush=True)
     start = evaluate(base_job, args.heldout_n)
     seeds = [
@@ -400,11 +422,13 @@ def main() -> int:
     targets = {
         "heldout_gap": all(s["heldout_gap"] >= -0.03 for s in seeds),
         "operator_cost_ratio": all(s["operator_cost_ratio"] <= 0.5 for s in seeds),
+        "objective_parity": parity["pytest_rc"] == 0 and parity["max_abs_delta_loss"] <= 1e-5,
     }
     result = {
         "job": dataclasses.asdict(base_job) | {"seed": None},
         "heldout_n": args.heldout_n,
         "heldout_start": start,
+        "objective_parity": parity,
         "seeds": [
             {k: v for k, v in s.items() if k not in ("echo", "trl")}
             | {

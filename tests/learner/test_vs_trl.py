@@ -170,10 +170,13 @@ def echo_loss(
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_our_loss_and_gradient_equal_trl_s(variant, start, tmp_path):
+def test_our_loss_and_gradient_equal_trl_s(variant, start, tmp_path, record_property):
     settings = {"delta": 3.0, **VARIANTS[variant]}  # delta: our --ratio-cap, always on
     trl = trl_loss(start, settings, tmp_path)
     echo = echo_loss(start, ours(settings))
+    # bench/vs_trl.py reports these (its objective_parity, from --junitxml).
+    record_property("abs_delta_loss", abs(echo[0] - trl[0]))
+    record_property("abs_delta_grad_norm", abs(echo[1] - trl[1]))
     assert abs(echo[0] - trl[0]) <= 1e-5, (echo, trl)
     assert abs(echo[1] - trl[1]) <= 1e-5 * max(1.0, trl[1]), (echo, trl)
     # Split into one row per forward pass (the logit memory budget), the same.
