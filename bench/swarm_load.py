@@ -37,9 +37,15 @@ Measured per level, over the window:
   and hundreds of ms: the emulator, not the learner, is the limit and
   inflates the latencies), and the learner's own CPU split per accepted
   batch when its status has one (``load``: since it started;
-  ``load_window``: over the window).
+  ``load_window``: over the window);
+- ``control_ms_per_batch``: the learner's CPU per accepted batch over the
+  window in every phase but recompute and training (streams, admission,
+  signatures, receipts, ledger, publishing, the event loop), and
+  ``emulator_limited``: the emulators' loops ran more than 100 ms late at
+  p99, so the figures are a lower bound of what the learner could take.
 
-Across levels: ``rss_growth_per_identity_kib`` between the smallest and
+Across levels: ``control_growth``, ``control_ms_per_batch`` at the largest N
+over that at N = 100, and ``rss_growth_per_identity_kib`` between the smallest and
 largest N. ``--compare-verify`` runs one level twice, with ``--verify-batch
 1`` and with the learner's default (or ``--verify-batch``), and reports
 ``batched_over_single``, the ratio of their verified tokens per learner
@@ -83,6 +89,9 @@ LEARNER_START_S = 180.0  # model, first version, DHT announce
 JOIN_S = 120.0  # an emulator's node joins and loads the first version
 FINISH_S = 180.0  # the identities deliver, fetch their receipts and report
 STOP_GRACE_S = 60.0
+# What a batch costs the learner besides the model's work: every phase but these.
+NOT_CONTROL = ("recompute", "train")
+EMULATOR_LAG_LIMIT_MS = 100.0
 
 
 @dataclass(frozen=True)
@@ -418,9 +427,15 @@ def run_level(identities: int, job: Job, load: Load, root: Path, cpus: tuple[set
         "learner_refusals_total": after.get("refusals", {}),
         "exit_codes": codes,
     }
+    # The emulators, not the learner, are the limit when their loops run late.
+    result["emulator_limited"] = (result["emulator_loop_lag_p99_ms"] or 0) > EMULATOR_LAG_LIMIT_MS
     if "load" in after:
         result["load"] = after["load"]  # since the learner started
         result["load_window"] = load_split(before["load"], after["load"])
+        per_batch = result["load_window"]["cpu_ms_per_batch"]
+        result["control_ms_per_batch"] = round(
+            sum(ms for phase, ms in per_batch.items() if phase not in NOT_CONTROL), 3
+        )
     if spy is not None:
         result["py_spy"] = spy.top()
     return result
@@ -536,6 +551,19 @@ def run_levels(levels: list[int], job: Job, load: Load, base: Path, cpus, py_spy
     return out
 
 
+def control_growth(levels: list[dict]) -> float | None:
+    """``control_ms_per_batch`` at the largest level over that at 100 identities
+    (or the smallest level): 1.0 is a per-batch cost that does not grow with the swarm."""
+    measured = [r for r in levels if r.get("control_ms_per_batch")]
+    if len(measured) < 2:
+        return None
+    base = next(
+        (r for r in measured if r["identities_target"] == 100), min(measured, key=lambda r: r["identities_target"])
+    )
+    large = max(measured, key=lambda r: r["identities_target"])
+    return round(large["control_ms_per_batch"] / base["control_ms_per_batch"], 3) if large is not base else None
+
+
 def rss_growth_kib(levels: list[dict]) -> float | None:
     if len(levels) < 2:
         return None
@@ -562,7 +590,8 @@ def print_table(result: dict) -> None:
     for key in (
         "identities", "accepted_batches_per_s", "verified_tokens_per_s", "learner_cpu_share",
         "verified_tokens_per_learner_cpu_s", "learner_rss_gib", "work_request_p99_ms", "submit_p99_ms",
-        "status_api_p99_ms", "lost_accepted", "emulator_cpu_share", "refusals", "errors",
+        "status_api_p99_ms", "lost_accepted", "control_ms_per_batch", "emulator_cpu_share",
+        "emulator_loop_lag_p99_ms", "emulator_limited", "refusals", "errors",
     ):  # fmt: skip
         table.add_row(key, *(str(r.get(key)) for r in levels))
     Console().print(table)
@@ -639,6 +668,7 @@ def main() -> None:
         else:
             result["levels"] = run_levels(levels, job, load, base, cpus, args.py_spy)
             result["rss_growth_per_identity_kib"] = rss_growth_kib(result["levels"])
+            result["control_growth"] = control_growth(result["levels"])
     finally:
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)

@@ -25,6 +25,7 @@ Everything is bounded: ``capacity`` groups in flight or buffered (plus what
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections import Counter, OrderedDict, deque
@@ -107,6 +108,9 @@ class PromptPool:
         # assignment bumps ``_edits``; the next deadline changes what is live.
         self._edits = 0
         self._tallied: tuple[int, float, _Tally] | None = None
+        # The earliest deadline of an unanswered prompt whose lapse is not
+        # charged yet (or earlier): before it, ``_charge_lapses`` has nothing to do.
+        self._next_lapse = math.inf
         self.buffer: deque[Rollouts] = deque()
         self.next_prompt_id = 0
         self.open = False  # the learner opens it once a version is out
@@ -125,6 +129,13 @@ class PromptPool:
 
     def _live(self, a: Assignment, now: float) -> bool:
         return not a.answered and a.deadline >= now and a.version >= self.min_version
+
+    @property
+    def edits(self) -> int:
+        """Changes so far to its assignments, buffer or round: what was
+        derived from the pool holds while this stays the same (and until
+        ``next_expiry``)."""
+        return self._edits
 
     def outstanding(self) -> int:
         now = trio.current_time()
@@ -225,6 +236,7 @@ class PromptPool:
             self._count(a, -1)
             a.peer, a.version, a.handed_at, a.lapse_charged = peer, version, now, False
             a.deadline = now + self.assignment_timeout_s
+            self._next_lapse = min(self._next_lapse, a.deadline)
             a.holders.append(peer)
             self._count(a, +1)
         self._forget(now)
@@ -259,7 +271,9 @@ class PromptPool:
         excess = len(self.assignments) - self.memory
         if excess <= 0:
             return
-        done = [pid for pid, a in self.assignments.items() if a.answered or a.deadline < now][:excess]
+        done = list(
+            itertools.islice((pid for pid, a in self.assignments.items() if a.answered or a.deadline < now), excess)
+        )
         for pid in done:
             self._count(self.assignments.pop(pid), -1)
             self.unanswered.pop(pid, None)
@@ -269,12 +283,19 @@ class PromptPool:
             self.unanswered.pop(pid, None)
 
     def _charge_lapses(self, now: float) -> None:
+        if now <= self._next_lapse:
+            return  # no deadline passed since the last look: nothing to scan (a take each work request)
         lapsed = set()
+        self._next_lapse = math.inf
         for a in self.unanswered.values():
-            if not a.answered and not a.lapse_charged and a.deadline < now:
+            if a.answered or a.lapse_charged:
+                continue
+            if a.deadline < now:
                 a.lapse_charged = True
                 self.expired += 1
                 lapsed.add(a.peer)
+            else:
+                self._next_lapse = min(self._next_lapse, a.deadline)
         if self.on_lapsed is not None:
             for peer in lapsed:
                 self.on_lapsed(peer)
