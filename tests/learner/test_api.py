@@ -2,14 +2,17 @@
 
 import json
 
+import pytest
 import trio
 
 import echo_learner.api as api
 from echo_learner.api import (
     JSON,
+    MAX_ANSWERS_PER_S,
     MAX_REQUEST_BYTES,
     BadRequest,
     Body,
+    Gate,
     Server,
     Snapshots,
     _handle,
@@ -220,3 +223,22 @@ async def test_past_the_cap_the_oldest_slow_head_is_closed(monkeypatch):
         with trio.fail_after(api.REQUEST_DEADLINE_S / 2):
             assert await first.receive_some(1) == b""  # closed, unanswered
         nursery.cancel_scope.cancel()
+
+
+async def test_answers_are_paced_to_their_cap_a_second(autojump_clock):
+    """However many ask at once, ``MAX_ANSWERS_PER_S`` answers a second after
+    a first burst of as many (what keeps pollers from slowing training)."""
+    gate, started, answered = Gate(), trio.current_time(), []
+
+    async def ask():
+        async with gate.answering():
+            answered.append(trio.current_time() - started)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(int(4 * MAX_ANSWERS_PER_S)):
+            nursery.start_soon(ask)
+    burst = int(MAX_ANSWERS_PER_S)
+    assert sum(t < 1e-9 for t in answered) == burst
+    # Then one every 1 / MAX_ANSWERS_PER_S seconds: the last at 3 s.
+    for i, t in enumerate(sorted(answered)[burst:], start=1):
+        assert t == pytest.approx(i / MAX_ANSWERS_PER_S)

@@ -160,18 +160,20 @@ def test_a_learner_whose_cores_are_saturated_steps_no_faster_than_they_allow():
 
 
 def test_the_inputs_show_in_metrics_and_status_in_the_order_they_always_had():
-    inputs = ForecastInputs(staleness=2, publish_every=4, supply_rps=5000, **BASE)
-    assert list(inputs.to_json()) == [
-        "staleness",
-        "publish_every",
-        "rollouts_per_step",
-        "train_s",
-        "bookkeeping_s",
-        "verify_s",
-        "publish_s",
-        "broadcast_s",
-        "cycle_s",
-        "supply_rps",
-        "cpu_s",
-        "cores",
+    """metrics.jsonl and /api/status print ``to_json()``: its keys in this
+    order (readers of old files rely on it), each with the value fed in."""
+    inputs = ForecastInputs(staleness=2, publish_every=4, supply_rps=5000, cpu_s=0.7, cores=2, **BASE)
+    assert list(inputs.to_json().items()) == [
+        ("staleness", 2),
+        ("publish_every", 4),
+        ("rollouts_per_step", 256),
+        ("train_s", 0.2),
+        ("bookkeeping_s", 0.0),
+        ("verify_s", 0.0),
+        ("publish_s", 0.04),
+        ("broadcast_s", 1.0),
+        ("cycle_s", 0.3),
+        ("supply_rps", 5000),
+        ("cpu_s", 0.7),
+        ("cores", 2),
     ]
