@@ -25,10 +25,10 @@ from libp2p.peer.peerinfo import PeerInfo
 
 from echo_node.config import NodeConfig
 from echo_node.guard import DoesNotFit, Refused, model_shape
-from protocol.ids import JOB_DIRECTORY_KEY, manifest_keys, swarm_key
+from protocol.ids import JOB_DIRECTORY_KEY, manifest_keys, swarm_keys
 from protocol.messages import Manifest
 from protocol.net.records import InvalidRecord, decode_record
-from protocol.net.swarm import Swarm, find_providers
+from protocol.net.swarm import Swarm, find_providers, providers_of
 from protocol.process.logs import event
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ async def list_jobs(
     async def read(info: PeerInfo) -> None:
         job = await read_job(swarm, info, timeout_s, check)
         if count_nodes and job.record is not None:
-            announced = await find_providers(swarm, swarm_key(job.record.job_id), timeout_s)
+            announced = await providers_of(swarm, swarm_keys(job.record.job_id), timeout_s)
             job = dataclasses.replace(job, nodes=len(set(announced) - {job.learner}))
         jobs[job.learner] = job
 

@@ -49,11 +49,27 @@ def manifest_keys(learner_id: str) -> tuple[str, ...]:
     return manifest_key(learner_id), legacy_manifest_key(learner_id)
 
 
-def swarm_key(job_id: str) -> str:
-    """DHT provider key under which every process of a job announces itself.
+SWARM_PREFIX = f"/{DHT_NAMESPACE}/j/"
+_SWARM_DIGEST_BYTES = 20
 
-    The job id is hashed in: Kademlia peers (py-libp2p and go-libp2p alike)
-    refuse provider keys over 80 bytes, and job ids may be 64 characters.
-    """
+
+def swarm_key(job_id: str) -> str:
+    """DHT provider key under which every process of a job announces itself:
+    the job id hashed into 46 bytes. A rust-libp2p or go-libp2p peer's
+    ``start_providing`` first sends FIND_NODE on the key, which py-libp2p
+    0.8.1 resets past ``MAX_FIND_NODE_KEY`` bytes (tests/protocol/test_foreign_put.py)."""
+    digest = hashlib.sha256(job_id.encode()).digest()[:_SWARM_DIGEST_BYTES]
+    return SWARM_PREFIX + base64.b32encode(digest).decode().lower()
+
+
+def legacy_swarm_key(job_id: str) -> str:
+    """The provider key of protocol version 1 before the short one (53 bytes:
+    other implementations cannot announce under it). Processes announce and
+    look up under both until protocol version 2 drops it (docs/protocol.md, section 7)."""
     digest = hashlib.sha256(job_id.encode()).hexdigest()[:32]
     return f"echo-swarm/job/{digest}/peers"
+
+
+def swarm_keys(job_id: str) -> tuple[str, ...]:
+    """Every provider key of a job's swarm, the current one first."""
+    return swarm_key(job_id), legacy_swarm_key(job_id)

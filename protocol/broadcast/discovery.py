@@ -1,7 +1,8 @@
 """Finding broadcast neighbours: DHT provider records of the job's swarm key.
 
-Every engine announces itself under ``swarm_key(job_id)`` and looks up the
-others there, dialling those it has no have-stream with yet. The lookups
+Every engine announces itself under the job's provider keys (``swarm_keys``:
+the current one and, until protocol version 2, the legacy one) and looks up
+the others there, dialling those it has no have-stream with yet. The lookups
 back off (doubling up to ``discover_max_interval_s``) while nothing new turns
 up, and slow down once the engine has all the neighbours it may have.
 """
@@ -15,8 +16,8 @@ import trio
 from libp2p.peer.peerinfo import PeerInfo
 
 from protocol.broadcast.settings import BroadcastConfig
-from protocol.ids import swarm_key
-from protocol.net.swarm import Swarm, announce, find_providers
+from protocol.ids import swarm_keys
+from protocol.net.swarm import Swarm, announce, providers_of
 from protocol.process.logs import event
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ async def discover_neighbours(
     """Runs until cancelled; ``connect`` is started in ``nursery`` for each
     peer to dial, ``neighbours`` is read live."""
     me = swarm.host.get_id().to_base58()
-    key = swarm_key(job_id)
+    keys = swarm_keys(job_id)
     provided: set[str] = set()
     interval = config.discover_interval_s
     known: set[str] = set()
@@ -43,9 +44,9 @@ async def discover_neighbours(
         # (Re-)announce whenever our addresses change: a relay reservation
         # gained or lost changes how others can reach us.
         addrs = {str(a) for a in swarm.host.get_addrs()}
-        if addrs != provided and await announce(swarm, key, config.request_timeout_s):
+        if addrs != provided and all([await announce(swarm, key, config.request_timeout_s) for key in keys]):
             provided = addrs
-        found = await find_providers(swarm, key, config.request_timeout_s)
+        found = await providers_of(swarm, keys, config.request_timeout_s)
         event(log, logging.DEBUG, "swarm peers found", peers={p[-6:]: len(i.addrs) for p, i in found.items()})
         missing = {p for p in found if p != me and p not in neighbours}
         for peer in missing:

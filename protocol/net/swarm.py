@@ -184,6 +184,21 @@ async def find_providers(swarm: Swarm, key: str, timeout_s: float, count: int = 
     return found
 
 
+async def providers_of(swarm: Swarm, keys: Sequence[str], timeout_s: float) -> dict[str, PeerInfo]:
+    """``find_providers`` of each of ``keys`` at once, merged (a key and its
+    legacy form: peers of either protocol version)."""
+    found: dict[str, PeerInfo] = {}
+
+    async def one(key: str) -> None:
+        for peer, info in (await find_providers(swarm, key, timeout_s)).items():
+            found.setdefault(peer, info)
+
+    async with trio.open_nursery() as nursery:
+        for key in keys:
+            nursery.start_soon(one, key)
+    return found
+
+
 @asynccontextmanager
 async def open_swarm(
     identity: Identity,

@@ -5,7 +5,14 @@ from libp2p.peer.peerinfo import PeerInfo
 from libp2p.tools.anyio_service import background_trio_service
 
 from protocol.identity import Identity
-from protocol.ids import JOB_DIRECTORY_KEY, manifest_key, swarm_key
+from protocol.ids import (
+    JOB_DIRECTORY_KEY,
+    MAX_FIND_NODE_KEY,
+    RELAY_DIRECTORY_KEY,
+    legacy_swarm_key,
+    manifest_key,
+    swarm_key,
+)
 from protocol.messages import MAX_JOB_ID
 from protocol.net.host import make_host, parse_multiaddr
 from protocol.net.swarm import open_swarm
@@ -13,12 +20,16 @@ from protocol.net.swarm import open_swarm
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
 
-def test_provider_keys_fit_kademlias_80_byte_limit_for_any_job_id():
-    for job in ("a", "reverse-abc", "x" * MAX_JOB_ID, "ü" * MAX_JOB_ID):
-        assert len(swarm_key(job).encode()) <= 80
+def test_every_key_we_use_fits_what_every_kademlia_answers_in_find_node():
+    """Provider keys over 80 bytes are refused outright; a FIND_NODE on a key
+    over 50 (what rust and go peers send first) is reset by py-libp2p."""
+    keys = [JOB_DIRECTORY_KEY, RELAY_DIRECTORY_KEY, manifest_key(Identity.generate().peer_id_str)]
+    keys += [swarm_key(job) for job in ("a", "reverse-abc", "x" * MAX_JOB_ID, "ü" * MAX_JOB_ID)]
+    for key in keys:
+        assert len(key.encode()) <= MAX_FIND_NODE_KEY, key
+    assert len(swarm_key("reverse-abc")) == 46  # was 53 (legacy_swarm_key)
+    assert len(legacy_swarm_key("reverse-abc")) == 53
     assert swarm_key("a") != swarm_key("b")
-    assert len(JOB_DIRECTORY_KEY.encode()) <= 80
-    assert len(manifest_key(Identity.generate().peer_id_str).encode()) <= 128
 
 
 async def test_a_peer_cannot_store_records_under_namespaces_we_do_not_validate():

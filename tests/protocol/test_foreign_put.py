@@ -1,7 +1,8 @@
 """What a rust-libp2p or go-libp2p peer does to store a learner's manifest
-record (a FIND_NODE on the record key, then PUT_VALUE), sent raw over the
-Kademlia protocol to one of our DHT hosts, is answered, and our node's lookup
-then reads the record (real py-libp2p hosts on loopback)."""
+record (a FIND_NODE on the record key, then PUT_VALUE) or to join a job's
+swarm (a FIND_NODE on the provider key, then ADD_PROVIDER), sent raw over
+the Kademlia protocol to one of our DHT hosts, is answered, and our own
+lookups then find what it stored (real py-libp2p hosts on loopback)."""
 
 import json
 
@@ -15,9 +16,9 @@ from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_byt
 from echo_node.jobs import Job, read_job
 from protocol import codec, manifest
 from protocol.identity import Identity
-from protocol.ids import MAX_FIND_NODE_KEY, legacy_manifest_key, manifest_key
+from protocol.ids import MAX_FIND_NODE_KEY, legacy_manifest_key, legacy_swarm_key, manifest_key, swarm_key
 from protocol.net.host import make_host, parse_multiaddr
-from protocol.net.swarm import open_swarm
+from protocol.net.swarm import find_providers, open_swarm
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 MODEL = {
@@ -103,3 +104,40 @@ async def test_the_legacy_key_is_one_foreign_peers_cannot_store_through_find_nod
     key, so a rust or go peer never reaches its PUT_VALUE."""
     find_answered, _, _ = await store_as_rust_libp2p_does(legacy_manifest_key)
     assert not find_answered
+
+
+async def provide_as_rust_libp2p_does(key: str) -> tuple[bool, bool, bool]:
+    """A foreign peer announces itself under ``key`` on one of our DHT hosts
+    (``start_providing``): whether its FIND_NODE and ADD_PROVIDER were
+    answered, and whether our node's ``find_providers`` then finds it."""
+    async with (
+        open_swarm(Identity.generate(), [LOOPBACK], server=True) as ours,
+        open_swarm(Identity.generate(), [LOOPBACK], server=True) as node,
+    ):
+        client = make_host(Identity.generate(), [LOOPBACK])
+        async with client.run([parse_multiaddr(LOOPBACK)]):
+            await client.connect(PeerInfo(ours.host.get_id(), ours.host.get_addrs()))
+            found = await ask(client, ours, Message(type=Message.MessageType.FIND_NODE, key=key.encode()))
+            provided = None
+            if found is not None:  # rust-libp2p stops here when its FIND_NODE fails
+                me = Message.Peer(id=client.get_id().to_bytes(), addrs=[a.to_bytes() for a in client.get_addrs()])
+                add = Message(type=Message.MessageType.ADD_PROVIDER, key=key.encode(), providerPeers=[me])
+                provided = await ask(client, ours, add)
+            await node.host.connect(PeerInfo(ours.host.get_id(), ours.host.get_addrs()))
+            await node.dht.add_peer(ours.host.get_id())
+            providers = await find_providers(node, key, 10)
+            listed = client.get_id().to_base58() in providers
+    return found is not None, provided is not None, listed
+
+
+async def test_a_foreign_peer_joins_a_job_swarm_the_way_rust_libp2p_does():
+    find_answered, add_answered, listed = await provide_as_rust_libp2p_does(swarm_key("reverse-test"))
+    assert find_answered, "FIND_NODE on the provider key was reset"
+    assert add_answered, "ADD_PROVIDER was not answered"
+    assert listed, "our lookup did not find the foreign provider"
+
+
+async def test_the_legacy_provider_key_is_one_foreign_peers_cannot_announce_under():
+    """Why it changed: 53 bytes, so the FIND_NODE that comes first is reset."""
+    find_answered, _, listed = await provide_as_rust_libp2p_does(legacy_swarm_key("reverse-test"))
+    assert not find_answered and not listed
