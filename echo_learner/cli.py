@@ -195,12 +195,15 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
     from echo_learner.tasks.registry import load_task
     from echo_learner.train_group import TrainGroupError
     from protocol.identity import Identity, load_or_exit, save
-    from protocol.net.host import BadMultiaddr, check_addrs
+    from protocol.net.host import BadMultiaddr, check_addrs, check_tcp_listen
     from protocol.net.swarm import BootstrapUnreachable
     from protocol.process.runtime import run_until_signal
 
     try:
         check_addrs(config.listen, config.bootstrap)
+        check_tcp_listen(
+            config.status_host, config.status_port, f"{config.status_host}:{config.status_port} (status page)"
+        )
         check_data_dir(config)
         if config.model:
             locate(config.model)

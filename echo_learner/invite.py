@@ -30,7 +30,7 @@ def command(args: argparse.Namespace, prog: str) -> None:
     except KeyFileError as exc:
         fail(prog, str(exc))
     try:
-        check_addrs(args.addr, args.bootstrap)  # --addr needs no /p2p/ part
+        check_addrs(args.addr, args.bootstrap, bind=False)  # --addr: where others reach the learner; no /p2p/ part
     except BadMultiaddr as exc:
         fail(prog, str(exc))
     known = {f.name for f in fields(LearnerConfig)}

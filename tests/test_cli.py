@@ -170,3 +170,27 @@ def test_an_operator_sets_the_handshake_deadline(tmp_path, monkeypatch):
             while idle.recv(1024):  # the multistream hello, then the close (or a timeout error)
                 pass
             assert time.monotonic() - opened < 5
+
+
+@pytest.mark.parametrize(
+    "module, args",
+    [
+        ("bootstrap", ["--listen", "{addr}", "--identity", "{dir}/bootstrap.key"]),
+        ("echo_learner", ["run", "--listen", "{addr}", "--data-dir", "{dir}"]),
+        ("echo_learner", ["run", "--status-port", "{port}", "--data-dir", "{dir}"]),
+        ("echo_node", ["join", "--listen", "{addr}", "--bootstrap", DEAD, "--data-dir", "{dir}"]),
+    ],
+)
+def test_a_taken_listen_address_is_one_clear_line_and_writes_nothing(module, args, tmp_path):
+    """py-libp2p only logs a listener it could not start and runs on with no
+    address: an operator would see a peer that nobody can reach."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        addr = f"/ip4/127.0.0.1/tcp/{port}"
+        out = run(module, *(a.format(addr=addr, port=port, dir=tmp_path / "x") for a in args))
+    assert out.returncode == 2, out
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert str(port) in out.stderr and "Address already in use" in out.stderr, out.stderr
+    assert not (tmp_path / "x").exists(), "a refused start writes nothing"

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import resource
+import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -61,13 +62,52 @@ def parse_peer_addr(text: str) -> PeerInfo:
         ) from None
 
 
-def check_addrs(listen: Sequence[str], bootstrap: Sequence[str]) -> None:
+def check_addrs(listen: Sequence[str], bootstrap: Sequence[str], *, bind: bool = True) -> None:
     """Raise BadMultiaddr for the first unusable address: a CLI calls this
-    before it creates anything, so a typo changes nothing on disk."""
+    before it creates anything, so a typo changes nothing on disk. ``bind``:
+    ``listen`` are this process's own listen addresses, so also refuse one it
+    cannot listen on now (``check_listen``)."""
     for text in listen:
-        parse_multiaddr(text)
+        addr = parse_multiaddr(text)
+        if bind:
+            check_listen(addr)
     for text in bootstrap:
         parse_peer_addr(text)
+
+
+def check_listen(addr: multiaddr.Multiaddr) -> None:
+    """Raise BadMultiaddr if a TCP listener cannot bind ``addr`` now: its port
+    taken, its IP not this machine's. py-libp2p logs such a failure and
+    carries on with no listen address, where an operator would see a peer
+    nobody can reach (tests/protocol/test_listen.py)."""
+    protocols = [p.name for p in addr.protocols()]
+    if len(protocols) != 2 or protocols[0] not in ("ip4", "ip6") or protocols[1] != "tcp":
+        return  # other transports say for themselves
+    check_tcp_listen(addr.value_for_protocol(protocols[0]), int(addr.value_for_protocol("tcp")), str(addr))
+
+
+def check_tcp_listen(ip: str, port: int, name: str) -> None:
+    """Raise BadMultiaddr if a TCP listener cannot bind ``ip``:``port`` now
+    (``name``: the address as the operator wrote it)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # As trio's listeners do: a port in TIME_WAIT is free, one with a listener is not.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((ip, port))
+            probe.listen(1)
+        except OSError as exc:
+            raise BadMultiaddr(f"cannot listen on {name}: {exc.strerror or exc}") from None
+
+
+def check_listening(host: IHost, listen: Sequence[multiaddr.Multiaddr]) -> None:
+    """After ``host.run(listen)``: raise BadMultiaddr for an address it is not
+    listening on (taken since ``check_addrs``, say), with the reason."""
+    listening = {str(a) for a in host.get_network().listeners}
+    for addr in listen:
+        if str(addr) not in listening:
+            check_listen(addr)  # names the reason, when it can be found again
+            raise BadMultiaddr(f"cannot listen on {addr}")
 
 
 def connection_config(settings: ConnectionSettings) -> ConnectionConfig:

@@ -26,7 +26,7 @@ from protocol.net.conngate import InboundGate
 from protocol.net.connlimits import ConnectionSettings
 from protocol.net.dht_limits import bound_dht
 from protocol.net.dial import HolePuncher, dial
-from protocol.net.host import connection_config, make_host, parse_multiaddr, parse_peer_addr
+from protocol.net.host import check_listening, connection_config, make_host, parse_multiaddr, parse_peer_addr
 from protocol.net.probe import ProbeServer
 from protocol.net.reachability import PUBLIC, AutoNATServer, Reachability
 from protocol.net.records import ManifestRecordValidator
@@ -239,7 +239,9 @@ async def open_swarm(
         gate=InboundGate(connections.connections_per_ip),
     )
     async with AsyncExitStack() as stack:
-        await stack.enter_async_context(host.run([parse_multiaddr(a) for a in listen]))
+        listen_addrs = [parse_multiaddr(a) for a in listen]
+        await stack.enter_async_context(host.run(listen_addrs))
+        check_listening(host, listen_addrs)
         background = await stack.enter_async_context(trio.open_nursery())
         # On exit, stop what runs there (the nursery would otherwise wait for it).
         stack.callback(background.cancel_scope.cancel)
