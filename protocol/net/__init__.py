@@ -1,7 +1,8 @@
 """The way through home routers: every process's libp2p host and DHT.
 
 The host factory with our security settings (``host``: Noise only, the
-connection gate and limits of ``conngate`` and ``connlimits``), joining the
+connection gate and limits of ``conngate`` and ``connlimits``, the
+identify answer of ``identify``), joining the
 swarm (``swarm``, DHT bounds in ``dht_limits``, record validation in
 ``records``), reaching a peer behind NAT (``dial``, circuit relay v2 in
 ``relay`` and ``relay_server``, AutoNAT in ``reachability``, the doctor's

@@ -36,6 +36,7 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 
 from protocol.identity import Identity
+from protocol.net import identify
 from protocol.net.conngate import InboundGate
 from protocol.net.connlimits import ConnectionSettings
 
@@ -185,6 +186,7 @@ def make_host(
         addrs_factory=expand_wildcards,
     )
     (gate or InboundGate(ConnectionSettings().connections_per_ip)).install(host)
+    identify.install(host)  # a protocolVersion rust-libp2p peers keep
     dial_past_closed_connections(host)
     if extra_addrs is not None:
         # Not through addrs_factory: py-libp2p cuts each advertised address at
