@@ -375,7 +375,7 @@ def credits(config: NodeConfig, learner_addrs: tuple[str, ...], *, as_json: bool
     held = []
 
     async def main() -> None:
-        async with node.joined():
+        async with node.joined(keep_waiting=False):
             held.extend(await node.fetch_receipts())
 
     try:

@@ -141,6 +141,11 @@ class NodeConfig(ConnectionSettings, UpdateLimits):
         return self.data_dir / "gguf"
 
     @property
+    def job_path(self) -> Path:
+        """The job this node has worked for (``echo_node.job_memory``)."""
+        return self.data_dir / "job.json"
+
+    @property
     def receipts_path(self) -> Path:
         return self.data_dir / "receipts.jsonl"
 

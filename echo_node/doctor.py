@@ -183,7 +183,7 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
         node = Node(config, identity, learner_addrs=learner_addrs)
         node.swarm = swarm
         try:
-            await node.find_learner()
+            await node.find_learner(keep_waiting=False)
         except NoLearnerFound as exc:
             checks.append(
                 Check(

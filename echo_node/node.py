@@ -13,6 +13,7 @@ keeps this node dialable. Ctrl-C cancels them and the host closes its connection
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -24,13 +25,13 @@ import multiaddr
 import trio
 from libp2p.peer.id import ID
 
-from echo_node import receipts, status
+from echo_node import job_memory, receipts, status
 from echo_node.asking import ask_once, keep_asking
 from echo_node.backend import Backend, generate_in_calls
 from echo_node.config import NodeConfig
 from echo_node.guard import Refused, check_assignment
 from echo_node.jobs import check_model
-from echo_node.learner_lookup import find_learner, relocate_learner
+from echo_node.learner_lookup import NoLearnerFound, find_learner, relocate_learner
 from echo_node.memory import GiB, free_bytes, prompts_per_call
 from echo_node.reachability import ReachabilityWatch
 from echo_node.weights import Weights
@@ -66,6 +67,7 @@ class Node:
         self.me = identity.peer_id_str
         self.backend = backend
         self.learner_addrs = learner_addrs
+        self._worked_for = job_memory.recall(config.job_path)  # what job.json says
         self.reachability_watch = ReachabilityWatch(config)
         self.swarm: Swarm | None = None
         self.engine: BroadcastEngine | None = None
@@ -92,8 +94,9 @@ class Node:
         return self.reachability_watch.current
 
     @asynccontextmanager
-    async def joined(self) -> AsyncIterator[Swarm]:
-        """Join the swarm through the bootstrap peers and find a learner."""
+    async def joined(self, *, keep_waiting: bool = True) -> AsyncIterator[Swarm]:
+        """Join the swarm through the bootstrap peers and find a learner
+        (``find_learner``: ``keep_waiting`` for the one of the job it worked for)."""
         cfg = self.config
         # DHT server mode: py-libp2p 0.8.1 adds every peer that queries it to
         # its routing table and then fails to query client-mode peers back.
@@ -113,7 +116,7 @@ class Node:
             if cfg.mdns:
                 await nursery.start(discover_lan, swarm, cfg.bootstrap_timeout_s)
             await connect_bootstrap(swarm, cfg.bootstrap, cfg.bootstrap_timeout_s)
-            await self.find_learner()
+            await self.find_learner(keep_waiting=keep_waiting)
             try:
                 yield swarm
             finally:
@@ -206,13 +209,40 @@ class Node:
         finally:
             in_flight.release()
 
-    async def find_learner(self) -> None:
+    async def find_learner(self, *, keep_waiting: bool = True) -> None:
         """Look up a learner and read its job from its signed manifest record
-        (``echo_node.learner_lookup``); ``NoLearnerFound`` if none answers."""
+        (``echo_node.learner_lookup``); ``NoLearnerFound`` if none answers.
+
+        Told no learner, job or invite, a node that has worked for a job
+        keeps to it (``echo_node.job_memory``): it looks only for that job's
+        learner, for as long as it takes with ``keep_waiting``."""
         assert self.swarm is not None
+        cfg = self.config
         # A stranger's job is taken only if this machine could run it.
         check = self.weights.check_job if self.weights is not None else check_model
-        found = await find_learner(self.swarm, self.config, self.learner_addrs, check)
+        named = cfg.learner or cfg.job_id or self.learner_addrs
+        kept = None if named else job_memory.recall(cfg.job_path)
+        if kept is None:
+            found = await find_learner(self.swarm, cfg, self.learner_addrs, check)
+        else:
+            event(
+                log,
+                logging.WARNING,
+                "waiting for the learner of the job this node worked for; --job-id, --learner or an invite "
+                "moves it to another job",
+                learner=kept.learner,
+                job=kept.job_id,
+                remembered_in=str(cfg.job_path),
+            )
+            kept_cfg = dataclasses.replace(cfg, learner=kept.learner, job_id=kept.job_id)
+            while True:
+                try:
+                    found = await find_learner(self.swarm, kept_cfg, (), check)
+                    break
+                except NoLearnerFound:
+                    if not keep_waiting:
+                        raise
+                    event(log, logging.WARNING, "still waiting for the learner", learner=kept.learner)
         self.learner, self.record, self.job_id = found.peer, found.record, found.record.job_id
         self._learner_at = found.addrs
 
@@ -314,6 +344,7 @@ class Node:
         receipts.check_receipt(batch, reply, self.learner.to_base58(), self.me, self.job_id)
         if reply.verdict == "accepted":
             self.receipts_accepted += 1
+            self._remember_job()
         else:
             event(log, logging.WARNING, "batch refused", reason=reply.reason, version=batch.version)
         event(
@@ -326,6 +357,14 @@ class Node:
         )
         self.rollouts_sent += sum(len(g.completions) for g in batch.groups)
         receipts.save_receipt(self.config.receipts_path, reply, self.config.receipts_max_mb)
+
+    def _remember_job(self) -> None:
+        """After an accepted batch: this is the job a restart keeps to."""
+        assert self.learner is not None
+        worked = job_memory.WorkedFor(job_id=self.job_id, learner=self.learner.to_base58())
+        if worked != self._worked_for:
+            job_memory.remember(self.config.job_path, worked)
+            self._worked_for = worked
 
     async def make_batch(self, work: WorkAssignment) -> RolloutBatch:
         """Generate the assignment's groups with the weights we hold; sign them."""
