@@ -14,7 +14,7 @@ import logging
 
 import trio
 
-from protocol.ids import JOB_DIRECTORY_KEY, manifest_keys
+from protocol.ids import JOB_DIRECTORY_KEY, JOB_DIRECTORY_REFRESH_S, manifest_keys
 from protocol.net.swarm import Swarm
 from protocol.process.logs import event
 
@@ -36,6 +36,13 @@ class JobDirectory:
             ok = await self.swarm.dht.provide(JOB_DIRECTORY_KEY)
         if scope.cancelled_caught or not ok:
             event(log, logging.WARNING, "could not announce the job in the DHT yet")
+
+    async def keep_announced(self) -> None:
+        """Announce again every ``JOB_DIRECTORY_REFRESH_S`` (our DHT peers
+        forget an announcement after ``JOB_DIRECTORY_TTL_S``); runs until cancelled."""
+        while True:
+            await trio.sleep(JOB_DIRECTORY_REFRESH_S)
+            await self.announce()
 
     def published(self, version: int, encoded_manifest: bytes) -> None:
         """A new version is out: its manifest goes into the DHT next."""

@@ -330,6 +330,7 @@ class Learner:
                 await self.directory.put_manifest()  # joining nodes read it: before the job is announced
                 nursery.start_soon(self.directory.keep_manifest)
                 await self.directory.announce()
+                nursery.start_soon(self.directory.keep_announced)
                 self.addrs = full_addrs(host)
                 task_status.started((self.addrs, api_url))
                 await self.train()

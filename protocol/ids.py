@@ -13,6 +13,10 @@ DHT_NAMESPACE = "echo-swarm"
 # Learners announce themselves as providers of this key; nodes look it up to
 # find a job without knowing any learner's address.
 JOB_DIRECTORY_KEY = "echo-swarm/jobs/v1"
+# A learner announces itself there again every JOB_DIRECTORY_REFRESH_S; our
+# DHT peers forget an announcement not renewed within JOB_DIRECTORY_TTL_S.
+JOB_DIRECTORY_REFRESH_S = 5 * 60
+JOB_DIRECTORY_TTL_S = 15 * 60
 
 # Public peers that relay for others (`echo-node join --relay`) announce
 # themselves under this key; nodes behind NAT look here for relays beyond

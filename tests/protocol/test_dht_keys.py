@@ -72,3 +72,33 @@ def test_what_peers_make_us_store_is_bounded():
     for i, peer in enumerate(honest):
         providers.add_provider(f"key{i}".encode(), peer)
     assert len(providers.providers) == 8  # the stalest keys made room
+
+
+def test_job_directory_announcements_not_renewed_within_their_ttl_are_not_offered():
+    """A learner long gone is not offered to joining nodes, nor holds one of
+    the 20 places py-libp2p keeps per key against a live learner."""
+    from libp2p.kad_dht.provider_store import ProviderStore
+
+    from protocol.ids import JOB_DIRECTORY_TTL_S, swarm_key
+    from protocol.net.dht_limits import bound_provider_store
+
+    host = make_host(Identity.generate(), [LOOPBACK])
+    providers = ProviderStore(host)
+    bound_provider_store(providers)
+    directory, swarm = JOB_DIRECTORY_KEY.encode(), swarm_key("reverse-abc").encode()
+    gone = [PeerInfo(Identity.generate().peer_id, [parse_multiaddr(f"/ip4/127.0.0.1/tcp/{i + 1}")]) for i in range(20)]
+    for info in gone:
+        providers.add_provider(directory, info)
+        providers.add_provider(swarm, info)
+    assert len(providers.get_providers(directory)) == 20
+    for key in (directory, swarm):  # announced a TTL ago and never again
+        for record in providers.providers[key].values():
+            record.timestamp -= JOB_DIRECTORY_TTL_S + 1
+    assert providers.get_providers(directory) == []
+    assert len(providers.get_providers(swarm)) == 20  # other keys keep py-libp2p's lifetime
+    live = PeerInfo(Identity.generate().peer_id, [parse_multiaddr("/ip4/127.0.0.1/tcp/99")])
+    for info in gone:  # stale again, then a live learner announces
+        providers.add_provider(directory, info)
+        providers.providers[directory][str(info.peer_id)].timestamp -= JOB_DIRECTORY_TTL_S + 1
+    providers.add_provider(directory, live)
+    assert [p.peer_id for p in providers.get_providers(directory)] == [live.peer_id]
