@@ -88,6 +88,7 @@ def test_a_node_keeps_to_the_job_it_worked_for(swarm_factory):
 
     # Its learner goes down; another learner's valid job is the only one listed.
     assert swarm.stop("node0") == 0 and swarm.stop("learner") == 0
+    del swarm.procs["learner"], swarm.procs["node0"]  # down: no longer watched
     other = swarm._spawn(
         "other",
         ["echo_learner", "run", "--bootstrap", swarm.bootstrap_addr, "--listen", swarm.listen]
@@ -103,6 +104,7 @@ def test_a_node_keeps_to_the_job_it_worked_for(swarm_factory):
 
     # Named on purpose, the other job is joined, and becomes the one it keeps to.
     assert swarm.stop("node0") == 0
+    del swarm.procs["node0"]
     swarm.start_node(0, "--job-id", other_job)
     swarm.wait_until(lambda: f"joined job {other_job}" in log.read_text(), 180, "the node to join the other job")
     swarm.wait_until(
