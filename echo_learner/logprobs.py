@@ -381,60 +381,49 @@ def _grouped(
     heads = measure(first, first[owners, firsts], owners)  # a group's first tokens share their row
     result = [tuple(field[i : i + 1] for field in heads) for i in range(len(rows))]
     vocab = first.shape[-1]
+
+    def measure_part(part: Sequence[int]) -> None:
+        """One pass over the completions ``rows[i]`` for i in ``part``: extends
+        their ``result[i]`` (their first token's fields) by the rest."""
+        chunk = [rows[i] for i in part]
+        width = max(len(c) for _, c in chunk)
+        if width < 2:
+            return  # one-token completions: the prompt pass scored them
+        tokens = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        present = torch.zeros((len(chunk), width), dtype=torch.long)
+        for i, (_, c) in enumerate(chunk):
+            tokens[i, : len(c)] = torch.tensor(list(c))
+            present[i, : len(c)] = 1
+        tokens, present = tokens.to(where), present.to(where)
+        owner = torch.tensor([g for g, _ in chunk], device=where)
+        cache = copy.deepcopy(out.past_key_values)
+        cache.batch_select_indices(owner)  # every row gets its own prompt's cache
+        # Position j of a completion predicts its token j + 1; right padding
+        # comes after every real token, so causal attention never sees it.
+        attention = torch.cat([seen[owner], present[:, :-1]], dim=1)
+        steps = torch.arange(width - 1)[None, :] + torch.tensor([len(prompts[g]) for g, _ in chunk])[:, None]
+        logits = model(
+            input_ids=tokens[:, :-1], attention_mask=attention, position_ids=steps.to(where), cache=cache
+        ).logits
+        real = present[:, 1:].bool()  # positions that predict a token of the completion
+        lp = torch.log_softmax(logits[real].float() / temperature, dim=-1)  # [tokens, vocab]
+        del logits
+        rest = measure(lp, lp.gather(-1, tokens[:, 1:][real].unsqueeze(-1)).squeeze(-1), None)
+        del lp
+        start = 0
+        for i, (_, c) in zip(part, chunk):
+            result[i] = tuple(
+                torch.cat([head, tail[start : start + len(c) - 1]]) for head, tail in zip(result[i], rest)
+            )
+            start += len(c) - 1
+
     for bucket in length_buckets([len(c) for _, c in rows]):
         widths = [len(rows[i][1]) - 1 for i in bucket]
         for part in row_slices(widths, vocab, max_bytes, VERIFY_BYTES_PER_LOGIT):
-            _measure_part(
-                model, out.past_key_values, seen, prompts, rows, bucket[part], result, pad_id, temperature, measure
-            )
+            measure_part(bucket[part])
     flat = [tuple(t.cpu() for t in r) for r in result]
     out_groups, i = [], 0
     for size in sizes:
         out_groups.append(flat[i : i + size])
         i += size
     return out_groups
-
-
-def _measure_part(
-    model: torch.nn.Module,
-    prompt_cache: DynamicCache,
-    seen: torch.Tensor,
-    prompts: Sequence[Sequence[int]],
-    rows: Sequence[tuple[int, Sequence[int]]],
-    part: Sequence[int],
-    result: list[tuple[torch.Tensor, ...]],
-    pad_id: int,
-    temperature: float,
-    measure: Measure,
-) -> None:
-    """``_grouped``'s pass over the completions ``rows[i]`` for i in ``part``
-    (each ``(group, tokens)``): extends their ``result[i]``, which holds
-    their first token's fields, by the rest."""
-    chunk = [rows[i] for i in part]
-    width = max(len(c) for _, c in chunk)
-    if width < 2:
-        return  # one-token completions: the prompt pass scored them
-    where = device_of(model)
-    tokens = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-    present = torch.zeros((len(chunk), width), dtype=torch.long)
-    for i, (_, c) in enumerate(chunk):
-        tokens[i, : len(c)] = torch.tensor(list(c))
-        present[i, : len(c)] = 1
-    tokens, present = tokens.to(where), present.to(where)
-    owner = torch.tensor([g for g, _ in chunk], device=where)
-    cache = copy.deepcopy(prompt_cache)
-    cache.batch_select_indices(owner)  # every row gets its own prompt's cache
-    # Position j of a completion predicts its token j + 1; right padding
-    # comes after every real token, so causal attention never sees it.
-    attention = torch.cat([seen[owner], present[:, :-1]], dim=1)
-    steps = torch.arange(width - 1)[None, :] + torch.tensor([len(prompts[g]) for g, _ in chunk])[:, None]
-    logits = model(input_ids=tokens[:, :-1], attention_mask=attention, position_ids=steps.to(where), cache=cache).logits
-    real = present[:, 1:].bool()  # positions that predict a token of the completion
-    lp = torch.log_softmax(logits[real].float() / temperature, dim=-1)  # [tokens, vocab]
-    del logits
-    rest = measure(lp, lp.gather(-1, tokens[:, 1:][real].unsqueeze(-1)).squeeze(-1), None)
-    del lp
-    start = 0
-    for i, (_, c) in zip(part, chunk):
-        result[i] = tuple(torch.cat([head, tail[start : start + len(c) - 1]]) for head, tail in zip(result[i], rest))
-        start += len(c) - 1
