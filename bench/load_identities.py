@@ -61,7 +61,7 @@ from echo_node.backend_torch import TorchBackend  # noqa: E402
 from echo_node.config import NodeConfig  # noqa: E402
 from echo_node.guard import Refused, check_assignment  # noqa: E402
 from echo_node.node import Node  # noqa: E402
-from protocol import logs, malloc  # noqa: E402
+from protocol.process import logs, malloc  # noqa: E402
 from protocol.broadcast.engine import PEER_ERRORS, VersionTooLarge  # noqa: E402
 from protocol.errors import ProtocolError  # noqa: E402
 from protocol.identity import Identity  # noqa: E402
