@@ -74,7 +74,7 @@ format: install
 test-fast: lint install-llama
 	$(PY) -m pytest -q -m "not procs" tests/protocol tests/learner tests/node tests/test_layout.py
 
-# Everything: unit tests, real swarms on loopback, the browser, NAT namespaces (~13 minutes).
+# Everything: unit tests, real swarms on loopback, the browser, NAT namespaces (~25 minutes on 2 cores).
 test: install-llama install-browser install-net
 	$(PY) -m pytest -q
 
