@@ -22,7 +22,11 @@ class NodeConfig(ConnectionSettings, UpdateLimits):
     data_dir: Path = setting(default_data_dir(), "identity, weight chunks and receipts live here")
     name: str = setting("", "display name on the learner's status page and leaderboard (<= 32 characters)")
     learner: str = setting("", "peer id of the learner to work for (default: the first found)")
-    job_id: str = setting("", "job to work for (default: the learner's; an invite sets it)")
+    job_id: str = setting(
+        "",
+        "job to work for (default: the one this node last worked for, kept in DATA_DIR/job.json, else the one "
+        "valid job listed; an invite sets it)",
+    )
     # Backends and their dtypes are each backend's own (echo_node.backend_choice
     # checks them before anything starts).
     backend: str = setting("auto", "inference backend: auto (llama.cpp when installed, else torch), llama or torch")
