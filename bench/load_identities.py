@@ -61,13 +61,13 @@ from echo_node.backend_torch import TorchBackend  # noqa: E402
 from echo_node.config import NodeConfig  # noqa: E402
 from echo_node.guard import Refused, check_assignment  # noqa: E402
 from echo_node.node import Node  # noqa: E402
-from protocol.process import logs, malloc  # noqa: E402
 from protocol.broadcast.engine import PEER_ERRORS, VersionTooLarge  # noqa: E402
 from protocol.errors import ProtocolError  # noqa: E402
 from protocol.identity import Identity  # noqa: E402
 from protocol.messages import UNSIGNED, ErrorReply  # noqa: E402
 from protocol.net.host import make_host, parse_multiaddr, parse_peer_addr  # noqa: E402
 from protocol.net.swarm import Swarm  # noqa: E402
+from protocol.process import logs, malloc  # noqa: E402
 from protocol.rpc import RequestFailed, request  # noqa: E402
 from protocol.wire import have, rollout, work  # noqa: E402
 from protocol.wire.rollout import Completion, Receipt, RolloutBatch, RolloutGroup  # noqa: E402
