@@ -126,8 +126,16 @@ class LocalSwarm:
         while not predicate():
             for name, proc in self.procs.items():
                 assert proc.poll() is None, f"{name} exited: " + (self.root / f"{name}.log").read_text()[-2000:]
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}:\n" + self.log_tails()
             time.sleep(0.5)
+
+    def log_tails(self, chars: int = 1500) -> str:
+        """The end of every process's log, to tell from a failed wait what each was doing."""
+        tails = []
+        for name in self.procs:
+            log = self.root / f"{name}.log"
+            tails.append(f"--- {name}.log\n" + (log.read_text(errors="replace")[-chars:] if log.exists() else "(none)"))
+        return "\n".join(tails)
 
     def stop(self, name: str, grace_s: float = 30) -> int:
         """SIGINT, then SIGKILL after ``grace_s``; returns the exit code."""

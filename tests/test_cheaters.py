@@ -20,13 +20,12 @@ from echo_learner.evidence import PRECISION_MISMATCH, SAMPLER_MISMATCH
 from echo_learner.verify import STRIKES
 from echo_node.backend_choice import llama_installed
 from protocol.identity import load_or_create
-from tests.test_crash import wait_until
 
 pytestmark = pytest.mark.skipif(
     not llama_installed(), reason="llama.cpp not installed: pip install -e '.[llama]' (make test does)"
 )
 CHEATS = str(Path(__file__).resolve().parent.parent / "bench" / "cheats.py")
-NODE = ("--backend", "llama", "--dtype", "q8_0", "--threads", "1")
+NODE = ("--backend", "llama", "--dtype", "q8_0", "--threads", "1", "-v")  # -v: a failure's logs say why
 LEARNER = (
     "--group-size", "8", "--prompts-per-step", "8", "--prompts-per-request", "1", "--torch-threads", "1",
     "--strikes-to-ban", "1000",  # no bans: the caught cheaters go on sending, for the restarted learner to refuse
@@ -60,14 +59,17 @@ def test_cheaters_are_caught_and_forfeit_their_credit_while_the_honest_node_keep
     peer = {i: load_or_create(swarm.root / f"node{i}" / "identity.key").peer_id_str for i in range(3)}
     swarm.start_bootstrap()
     port = free_port()
-    learner = start_learner(swarm, port)
+    start_learner(swarm, port)
     swarm.start_node(0, *NODE, "--name", "honest")
     swarm.start_node(1, *NODE, "--name", "q4_0", program=(CHEATS, "q4_0", "--"))
     swarm.start_node(2, *NODE, "--name", "chat", program=(CHEATS, "chat_sampler", "--"))
     ledger, log = swarm.root / "learner" / "ledger.sqlite", swarm.root / "learner.log"
 
     def refused(i):
-        return [r[2] for r in verdicts(ledger) if r[0] == peer[i] and r[1] == "refused"]
+        """Why ``i``'s batches were refused for what an honest node never
+        does: a batch made with a version the window has since left is
+        refused too, and the slow chat-sampler node can meet that first."""
+        return [r[2] for r in verdicts(ledger) if r[0] == peer[i] and r[1] == "refused" and r[2] in STRIKES]
 
     def accepted(i):
         return sum(r[0] == peer[i] and r[1] == "accepted" for r in verdicts(ledger))
@@ -76,15 +78,13 @@ def test_cheaters_are_caught_and_forfeit_their_credit_while_the_honest_node_keep
         metrics = swarm.root / "learner" / "metrics.jsonl"
         return metrics.exists() and metrics.read_text().strip() != ""
 
-    wait_until(
+    swarm.wait_until(
         lambda: refused(1) and refused(2) and accepted(0) >= 3 and trained(),
         420,
         "both cheaters refused, the honest node's batches accepted and trained on",
-        learner,
-        log,
     )
     assert refused(1)[0] == PRECISION_MISMATCH and refused(2)[0] == SAMPLER_MISMATCH
-    assert not [r for r in refused(0) if r in STRIKES]
+    assert not refused(0)
     assert log.read_text().count("caught cheating") == 2  # once each, however many batches were in flight
     assert swarm.stop("learner") == 0
 
@@ -98,13 +98,11 @@ def test_cheaters_are_caught_and_forfeit_their_credit_while_the_honest_node_keep
     # A restarted learner still knows them: their next batches are refused
     # at once, for the reason they were caught.
     seen = {i: len(refused(i)) for i in (1, 2)}
-    learner = start_learner(swarm, port, "--resume")
-    wait_until(
+    start_learner(swarm, port, "--resume")
+    swarm.wait_until(
         lambda: all(len(refused(i)) > seen[i] for i in (1, 2)),
         300,
         "the cheaters' batches refused by the restarted learner",
-        learner,
-        log,
     )
     for i, reason in ((1, PRECISION_MISMATCH), (2, SAMPLER_MISMATCH)):
         after = refused(i)[seen[i] :]
