@@ -32,13 +32,16 @@ def room(
     active: Collection[str],
     proven: Collection[str],
     held: Counter[str],
+    newcomers_hold: int | None = None,
 ) -> int:
     """How many more prompts ``peer`` may be handed now.
 
     ``active``: peers that asked for work recently (``peer`` among them, or
     counted as if it were); ``proven``: those of them with at least one
-    accepted batch; ``held``: live (unanswered, unexpired) prompts per peer.
-    A learner asks on every work request: pass sets, nothing here copies them.
+    accepted batch; ``held``: live (unanswered, unexpired) prompts per peer;
+    ``newcomers_hold``: what the peers not in ``proven`` hold together, if
+    the caller has it (else summed from ``held``). A learner asks on every
+    work request: pass sets, nothing here copies them.
     """
     if peer in proven:
         sharers = len(proven)
@@ -48,5 +51,7 @@ def room(
     left = fair - held[peer]
     if peer not in proven and proven:
         newcomers_cap = max(per_request, int(capacity * newcomer_share))
-        left = min(left, newcomers_cap - sum(n for p, n in held.items() if p not in proven))
+        if newcomers_hold is None:
+            newcomers_hold = sum(n for p, n in held.items() if p not in proven)
+        left = min(left, newcomers_cap - newcomers_hold)
     return max(0, left)

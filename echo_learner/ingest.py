@@ -21,13 +21,14 @@ import trio
 from libp2p.abc import INetStream
 
 from echo_learner import fairness
+from echo_learner.admission import Admission
 from echo_learner.capacity import window_left_s
 from echo_learner.config import LearnerConfig
 from echo_learner.ledger import CREDIT_PER_TOKEN, Row
 from echo_learner.loop_lag import LoopLag
 from echo_learner.peers import REFUSALS_PER_STRIKE, PeerBook, PeerStats
 from echo_learner.pool import Assignment, Rollouts
-from echo_learner.sizing import DEADLINE_SHARE, Worker, prompts_for, round_end_s
+from echo_learner.sizing import DEADLINE_SHARE, Worker, prompts_for
 from echo_learner.tasks.base import Task
 from echo_learner.trainer import ScoredGroup
 from echo_learner.verify import ACCEPTED, Verifier
@@ -96,6 +97,7 @@ class Ingest:
         self.task = task
         self.decode = decode
         self.peers = peers
+        self.admission = Admission(self.pool, peers, within_s=config.assignment_timeout_s, group_size=config.group_size)
         self.counters = Counters()
         self.lag = LoopLag()
         self.contributors: set[str] = set()
@@ -271,7 +273,7 @@ class Ingest:
             return cfg.prompts_per_request
         stats = self.peers.peers.get(peer)
         now = trio.current_time()
-        ends_at = self._round_ends_at(held)
+        round_ends_in_s = self.admission.view().round_ends_in_s(now)
         return prompts_for(
             stats.rate if stats else 0.0,
             min(cfg.assignment_timeout_s, in_window_s),
@@ -279,7 +281,7 @@ class Ingest:
             cfg.prompts_per_request,
             held=held[peer],
             busy_s=self._worker(stats, held, self.pool.held_since(), now).busy_s if stats and stats.rate > 0 else 0.0,
-            round_ends_in_s=None if ends_at is None else ends_at - now,
+            round_ends_in_s=round_ends_in_s,
             handed_this_round=self.pool.handed(peer),
         )
 
@@ -290,36 +292,19 @@ class Ingest:
         busy_s = max(0.0, max(since.get(s.peer, now), s.answered_at) + held[s.peer] / rate - now)
         return Worker(rate, busy_s)
 
-    def _round_ends_at(self, held: Counter[str]) -> float | None:
-        """When the round ends in the learner's model (``sizing.round_end_s``
-        over every measured active node; trio clock), None with no such node.
-        (Reusing it for 0.25 s across requests stalled sync rounds: a model
-        from the end of one round sized the next.)"""
-        now = trio.current_time()
-        since = self.pool.held_since()
-        workers = [
-            self._worker(s, held, since, now) for s in self.peers.active(self.config.assignment_timeout_s) if s.rate > 0
-        ]
-        return now + round_end_s(workers, self.pool.unassigned(held)) if workers else None
-
     def _room_for(self, peer: str, held: Counter[str]) -> int:
         """How many more prompts ``peer`` may hold now (echo_learner.fairness)."""
-        active, proven = self._activity()
+        view = self.admission.view()
         return fairness.room(
             peer,
             capacity=self.pool.capacity,
             per_request=self.config.prompts_per_request,
             newcomer_share=self.config.newcomer_share,
-            active=active,
-            proven=proven,
+            active=view.active,
+            proven=view.proven,
             held=held,
+            newcomers_hold=view.newcomers_hold,
         )
-
-    def _activity(self) -> tuple[set[str], set[str]]:
-        """The peers that asked for work recently, and those of them with an
-        accepted batch."""
-        active = {s.peer for s in self.peers.active(self.config.assignment_timeout_s)}
-        return active, {p for p in active if self.peers.peers[p].accepted > 0}
 
     def _assignment(self, version: int, oldest: int, taken: list[Assignment]) -> WorkAssignment:
         cfg = self.config

@@ -89,30 +89,48 @@ class PeerStats:
 
 
 class PeerBook:
-    def __init__(self, *, strikes_to_ban: int, strike_window_s: float, ban_s: float, max_peers: int):
+    def __init__(
+        self,
+        *,
+        strikes_to_ban: int,
+        strike_window_s: float,
+        ban_s: float,
+        max_peers: int,
+        quiet_after_s: float = 0.0,
+    ):
+        """``quiet_after_s``: a peer not seen for that long is back when seen
+        again, which changes ``revision`` (0: every sighting does)."""
         self.strikes_to_ban = strikes_to_ban
         self.strike_window_s = strike_window_s
         self.ban_s = ban_s
         self.max_peers = max_peers
+        self.quiet_after_s = quiet_after_s
         # Least recently seen first: ``seen`` moves a peer to the end, so the
         # active ones are a tail of it (a learner asks on every work request).
         self.peers: OrderedDict[str, PeerStats] = OrderedDict()
-        self._proven_seen_at = -math.inf  # when a peer with an accepted batch was last seen
+        self.proven_seen_at = -math.inf  # when a peer with an accepted batch was last seen
         self.on_forget: Callable[[str], None] | None = None  # told of each peer dropped past max_peers
+        # Changes whenever what admission sees changes (echo_learner.admission):
+        # a peer new, forgotten or back after ``quiet_after_s``, a verdict.
+        self.revision = 0
 
     def seen(self, peer: str) -> PeerStats:
         now = time.time()
+        quiet_since = now - self.quiet_after_s
         stats = self.peers.get(peer)
         if stats is None:
             stats = self.peers[peer] = PeerStats(peer, now, now)
+            self.revision += 1
             while len(self.peers) > self.max_peers:
                 forgotten, _ = self.peers.popitem(last=False)
                 if self.on_forget is not None:
                     self.on_forget(forgotten)
+        elif stats.last_seen <= quiet_since:
+            self.revision += 1
         stats.last_seen = now
         self.peers.move_to_end(peer)
-        if stats.accepted > 0:
-            self._proven_seen_at = now
+        if stats.accepted > 0:  # back after a quiet spell: counted above
+            self.proven_seen_at = now
         return stats
 
     def on_work_request(self, peer: str, req: WorkRequest, route: str = "direct") -> None:
@@ -132,10 +150,11 @@ class PeerBook:
     ) -> None:
         stats = self.seen(peer)
         stats.last_reason = reason
+        self.revision += 1
         if reason == ACCEPTED:
             stats.accepted += 1
             stats.lapses.clear()  # back at work: its outages were no dishonesty
-            self._proven_seen_at = stats.last_seen
+            self.proven_seen_at = stats.last_seen
             stats.rollouts += rollouts
             stats.tokens += tokens
             if cycle_s:
@@ -203,7 +222,7 @@ class PeerBook:
     def any_proven_active(self, within_s: float) -> bool:
         """Has a peer seen within ``within_s`` had a batch accepted? Kept as a
         time, not a scan: the prompt pool asks this for every holder on every request."""
-        return self._proven_seen_at >= time.time() - within_s
+        return self.proven_seen_at >= time.time() - within_s
 
     def to_json(self) -> list[dict]:
         now = time.time()

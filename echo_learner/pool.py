@@ -130,6 +130,13 @@ class PromptPool:
     def _live(self, a: Assignment, now: float) -> bool:
         return not a.answered and a.deadline >= now and a.version >= self.min_version
 
+    @property
+    def edits(self) -> int:
+        """Changes so far to its assignments, buffer or round: what was
+        derived from the pool holds while this stays the same (and until
+        ``next_expiry``)."""
+        return self._edits
+
     def outstanding(self) -> int:
         now = trio.current_time()
         return sum(self._live(a, now) for a in self.unanswered.values())

@@ -171,6 +171,7 @@ class Learner:
             strike_window_s=config.strike_window_s,
             ban_s=config.ban_s,
             max_peers=config.max_peers_tracked,
+            quiet_after_s=config.assignment_timeout_s,
         )
         self.bans = PeerBans(max_peers=config.max_peers_tracked)
         self.metrics = LearnerMetrics(self.status)

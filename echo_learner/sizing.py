@@ -74,6 +74,8 @@ def prompts_for(
     budget = max(1, int(rate * deadline_s * DEADLINE_SHARE / group_size)) - held
     if round_ends_in_s is not None:
         free_s = round_ends_in_s - busy_s
-        share = int(rate / group_size * free_s + 1e-9)
+        # 1e-6: times on trio's clock (a large random offset) are good to a
+        # few 1e-11 s, a share of a fast node's 10 ms prompt to a few 1e-9.
+        share = int(rate / group_size * free_s + 1e-6)
         budget = min(budget, share if handed_this_round else max(1, share))
     return max(0, min(cap, budget))
