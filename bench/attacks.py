@@ -25,9 +25,11 @@ from its status API each second) say why a scenario ran slowly.
     python bench/attacks.py --json            # ~25 minutes on 2 cores (more per rerun miss)
     python bench/attacks.py --only work_flood # one attack (and the baselines)
 
-Targets (issues 14 and 40): ``honest_retained >= 0.8`` for every attack,
-``>= 0.9`` for api_pollers; decoy_jobs also ``nodes_stopped`` 0 and
-relay_exhaustion ``honest_reserved`` true.
+Targets (issues 14, 40 and 55): ``honest_retained >= 0.8`` for every attack,
+``>= 0.9`` for api_pollers, with every honest process alive, no honest node
+stopped, the ledger consistent and the attack ``engaged`` (its own counters
+show it did what it is: ``ENGAGED``); relay_exhaustion also
+``honest_reserved`` true.
 """
 
 from __future__ import annotations
@@ -105,6 +107,33 @@ BOOTSTRAP_ENV = {
 # Attacks that start before the honest nodes join (they must get in through it).
 BEFORE_JOIN = {"idle_sockets", "decoy_jobs"}
 TARGET = {"api_pollers": 0.9}
+# What shows in an attacker's own counters (bench/attacker.py) that it did
+# what its attack is: a counter with one of these names or prefixes above 0.
+# A stream the learner refused (``failed``) is no attack that took hold.
+ENGAGED = {
+    "work_flood": ("prompts", "no_work", "error:"),  # requests the learner answered
+    "sybil_requests": ("prompts", "no_work", "error:"),
+    "unanswered_prompts": ("prompts",),  # prompts held and never answered
+    "stalling_chunk_peers": ("stalled",),  # chunk requests taken and never answered
+    "trickling_chunk_peers": ("bytes_trickled",),
+    "busy_flapping": ("busy",),
+    "idle_sockets": ("opened",),
+    "api_pollers": ("200", "429", "503"),  # HTTP answers
+    "api_slowloris": ("connections",),
+    "idle_members": ("joined",),
+    "decoy_jobs": ("announced",),
+    "wrong_job_spam": ("receipt:",),  # batches the learner read and refused
+    "receipt_flood": ("pages",),
+    "relay_exhaustion": ("crowd_reserved",),
+    "empty_have_leech": ("chunks_pulled",),
+}
+
+
+def engaged(name: str, counters: dict) -> bool:
+    """Do ``name``'s attacker's ``counters`` show it did what its attack is?"""
+    return any(n > 0 and key.startswith(ENGAGED[name]) for key, n in counters.items() if isinstance(n, int))
+
+
 BASELINE_EVERY = 2  # scenarios between two baselines
 
 
@@ -434,11 +463,13 @@ def main() -> None:
         if name == CONTROL:
             return result
         result["target"] = TARGET.get(name, 0.8)
-        # An attack that got no answer at all did not take hold: not a pass.
-        result["engaged"] = bool(result.get("attacker"))
+        # An attack that did not take hold is not a pass.
+        result["engaged"] = engaged(name, result.get("attacker", {}))
         result["met"] = (
             result["honest_retained"] >= result["target"]
             and result["honest_alive"]
+            and result["nodes_stopped"] == 0
+            and result["ledger_consistent"]
             and result["engaged"]
             and result.get("honest_reserved", True)
         )
