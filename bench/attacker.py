@@ -174,6 +174,53 @@ async def stalling_chunk_peers(args: argparse.Namespace) -> None:
     await _fake_holders(args, _stall)
 
 
+async def trickling_chunk_peers(args: argparse.Namespace) -> None:
+    """``--identities`` peers that download each version as a node does and
+    announce what they hold, send each requester one good chunk (so that it
+    trusts them) and then answer every chunk request with one byte every
+    ``--drip-s``, just inside the requesters' stall timer."""
+    async with trio.open_nursery() as nursery:
+        for i in range(args.identities):
+            nursery.start_soon(_trickler, args, make_node(args, i))
+        await report_forever(args)
+
+
+async def _trickler(args: argparse.Namespace, node: Node) -> None:
+    served: set[str] = set()  # requesters sent their one good chunk
+
+    async def answer(engine: BroadcastEngine, stream, req) -> None:  # type: ignore[no-untyped-def]
+        if not isinstance(req, ChunkRequest):
+            return await _serve_manifest(engine, stream, req)
+        peer = stream.muxed_conn.peer_id.to_base58()
+        m = engine.store.manifests.get(req.version)
+        if peer not in served and m is not None and req.index in engine.store.chunks_held(req.version):
+            served.add(peer)
+            count("good_chunks")
+            return await _serve_manifest(engine, stream, req)
+        count("trickled")
+        size = manifest.chunk_len(m, req.index) if m is not None else 1 << 20
+        junk = ChunkData(req.job_id, req.version, req.index, bytes(size))
+
+        async def drip(n: int) -> None:
+            count("bytes_trickled")
+            await trio.sleep(args.drip_s)
+
+        try:
+            await chunk.send_chunk(stream, junk, piece_bytes=1, before_piece=drip)
+        except PEER_ERRORS:
+            count("cut")  # the requester gave up on us
+
+    async with node.joined() as swarm, trio.open_nursery() as nursery:
+        learner_id = node.learner.to_base58()
+        store = VersionStore(node.config.weights_dir(node.job_id), learner_id=learner_id, keep=2)
+        engine = BroadcastEngine(
+            swarm, store, job_id=node.job_id, learner_id=learner_id, is_seed=False, config=BroadcastConfig()
+        )
+        engine.server.answer = lambda stream, req: answer(engine, stream, req)  # type: ignore[method-assign]
+        await nursery.start(engine.run)
+        await trio.sleep_forever()
+
+
 async def busy_flapping(args: argparse.Namespace) -> None:
     """``--identities`` peers that announce every chunk, answer every request
     with ``busy``, and re-announce themselves ready after each refusal."""
@@ -623,6 +670,7 @@ ATTACKS = {
         sybil_requests,
         unanswered_prompts,
         stalling_chunk_peers,
+        trickling_chunk_peers,
         busy_flapping,
         empty_have_leech,
         idle_sockets,

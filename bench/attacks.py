@@ -9,9 +9,9 @@ honest nodes' accepted batches in the learner's ledger over ``--window-s``
 seconds. The baseline is the same swarm with no attacker, run first and again
 after every two scenarios: this machine's speed drifts over minutes, so
 ``honest_retained`` is an attack's rate over the mean of the two baselines
-beside it. An attack that misses runs once more between two fresh
-baselines, and that try decides (both are reported; ``--no-confirm`` skips
-it). A control scenario (eight peers that join and ask for nothing) shows
+beside it. An attack's first try is its verdict: with ``--rerun-misses`` a
+missed one runs once more between two fresh baselines, and that try is
+reported beside it (``rerun``) but decides nothing. A control scenario (eight peers that join and ask for nothing) shows
 what the attacker's presence alone costs on this machine.
 
 Also checked per scenario: no honest process died, and every receipt an
@@ -22,12 +22,14 @@ batches) tells an attack's cost apart from a scenario this machine ran slowly;
 host) and ``learner`` (its event loop's lateness, steps and refusals, read
 from its status API each second) say why a scenario ran slowly.
 
-    python bench/attacks.py --json            # ~25 minutes on 2 cores (more per confirmed miss)
+    python bench/attacks.py --json            # ~25 minutes on 2 cores (more per rerun miss)
     python bench/attacks.py --only work_flood # one attack (and the baselines)
 
-Targets (issues 14 and 40): ``honest_retained >= 0.8`` for every attack,
-``>= 0.9`` for api_pollers; decoy_jobs also ``nodes_stopped`` 0 and
-relay_exhaustion ``honest_reserved`` true.
+Targets (issues 14, 40 and 55): ``honest_retained >= 0.8`` for every attack,
+``>= 0.9`` for api_pollers, with every honest process alive, no honest node
+stopped, the ledger consistent and the attack ``engaged`` (its own counters
+show it did what it is: ``ENGAGED``); relay_exhaustion also
+``honest_reserved`` true.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ ATTACKS: dict[str, list[str]] = {
     "sybil_requests": ["--identities", "8"],
     "unanswered_prompts": [],
     "stalling_chunk_peers": ["--identities", "4"],
+    # Four peers that send each node one good chunk, then a byte every 2 s.
+    "trickling_chunk_peers": ["--identities", "4", "--drip-s", "2"],
     "busy_flapping": ["--identities", "4"],
     "idle_sockets": ["--sockets", "300", "--target", "{learner}"],
     "api_pollers": ["--clients", "8", "--target", "{api}"],
@@ -80,7 +84,7 @@ CONTROL = "idle_members"  # not an attack: peers that join and ask for nothing (
 # Attackers that must follow each version as it is published to announce it:
 # capped at 0.1 core they never did (no chunk request reached them), so they
 # run under SCHED_IDLE alone. Every attack's counters show it took hold.
-UNCAPPED = {"stalling_chunk_peers", "busy_flapping"}
+UNCAPPED = {"stalling_chunk_peers", "trickling_chunk_peers", "busy_flapping"}
 # Attacks that need more than --attacker-cores to take hold, and their cap:
 # leechers decrypt every chunk they pull (at 0.1 core they pulled nothing;
 # uncapped they took 0.74 of this machine's two cores, which no leecher on a
@@ -103,6 +107,33 @@ BOOTSTRAP_ENV = {
 # Attacks that start before the honest nodes join (they must get in through it).
 BEFORE_JOIN = {"idle_sockets", "decoy_jobs"}
 TARGET = {"api_pollers": 0.9}
+# What shows in an attacker's own counters (bench/attacker.py) that it did
+# what its attack is: a counter with one of these names or prefixes above 0.
+# A stream the learner refused (``failed``) is no attack that took hold.
+ENGAGED = {
+    "work_flood": ("prompts", "no_work", "error:"),  # requests the learner answered
+    "sybil_requests": ("prompts", "no_work", "error:"),
+    "unanswered_prompts": ("prompts",),  # prompts held and never answered
+    "stalling_chunk_peers": ("stalled",),  # chunk requests taken and never answered
+    "trickling_chunk_peers": ("bytes_trickled",),
+    "busy_flapping": ("busy",),
+    "idle_sockets": ("opened",),
+    "api_pollers": ("200", "429", "503"),  # HTTP answers
+    "api_slowloris": ("connections",),
+    "idle_members": ("joined",),
+    "decoy_jobs": ("announced",),
+    "wrong_job_spam": ("receipt:",),  # batches the learner read and refused
+    "receipt_flood": ("pages",),
+    "relay_exhaustion": ("crowd_reserved",),
+    "empty_have_leech": ("chunks_pulled",),
+}
+
+
+def engaged(name: str, counters: dict) -> bool:
+    """Do ``name``'s attacker's ``counters`` show it did what its attack is?"""
+    return any(n > 0 and key.startswith(ENGAGED[name]) for key, n in counters.items() if isinstance(n, int))
+
+
 BASELINE_EVERY = 2  # scenarios between two baselines
 
 
@@ -397,10 +428,9 @@ def main() -> None:
     parser.add_argument("--join-timeout-s", type=float, default=180.0)
     parser.add_argument("--keep", action="store_true", help="keep the run's logs (printed path)")
     parser.add_argument(
-        "--no-confirm",
-        dest="confirm",
-        action="store_false",
-        help="do not run a missed attack a second time between fresh baselines",
+        "--rerun-misses",
+        action="store_true",
+        help="run a missed attack a second time between fresh baselines, to report (the first try decides)",
     )
     parser.add_argument(
         "--attacker-cores",
@@ -433,11 +463,13 @@ def main() -> None:
         if name == CONTROL:
             return result
         result["target"] = TARGET.get(name, 0.8)
-        # An attack that got no answer at all did not take hold: not a pass.
-        result["engaged"] = bool(result.get("attacker"))
+        # An attack that did not take hold is not a pass.
+        result["engaged"] = engaged(name, result.get("attacker", {}))
         result["met"] = (
             result["honest_retained"] >= result["target"]
             and result["honest_alive"]
+            and result["nodes_stopped"] == 0
+            and result["ledger_consistent"]
             and result["engaged"]
             and result.get("honest_reserved", True)
         )
@@ -458,13 +490,14 @@ def main() -> None:
             judged(name, result, before, after)
     control = next(r for n, r in timeline if n == CONTROL)
     attacks = {n: r for n, r in timeline if n in names}
-    # A miss is confirmed or not by a second try between two fresh baselines
-    # (the last scenario run is one); it decides, and both tries are kept.
-    for name in [n for n, r in attacks.items() if not r["met"] and args.confirm]:
+    # A rerun of a miss between two fresh baselines (the last scenario run is
+    # one) is reported, never used to pass: over five full runs, 7 of 9 first
+    # misses passed on their rerun, so a rerun that decided hid what the
+    # first try showed.
+    for name in [n for n, r in attacks.items() if not r["met"] and args.rerun_misses]:
         before = timeline[-1][1]
-        retry = run(name)
-        judged(name, retry, before, run("baseline"))
-        attacks[name] = {**retry, "tries": [attacks[name], retry]}
+        rerun = run(name)
+        attacks[name]["rerun"] = judged(name, rerun, before, run("baseline"))
     baselines = [r for n, r in timeline if n == "baseline"]
     base_rate = sum(b["rate_per_s"] for b in baselines) / len(baselines)
     out = {

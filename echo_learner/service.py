@@ -285,7 +285,7 @@ class Learner:
                 trio.open_nursery() as nursery,
             ):
                 self.swarm = swarm
-                self.bans.install(swarm.host)
+                self.bans.install(swarm.host, swarm.gate)
                 self.directory = JobDirectory(swarm, self.me)
                 if cfg.mdns:
                     await nursery.start(discover_lan, swarm, cfg.bootstrap_timeout_s)
@@ -635,6 +635,7 @@ class Learner:
             "contributors": len(self.ingest.contributors),
             "peers": len(self.peers.active(within_s=cfg.capacity_window_s)),
             "banned_connections_refused": self.bans.refused,
+            "cooled_sockets_closed": self.swarm.gate.cooled if self.swarm and self.swarm.gate else 0,
             "utilization": round(self.meter.utilization(), 4),
             "measurements": inputs.to_json(),
             "capacity": {**self.pacing.outlook(inputs).to_json(), **self.pacing.forecast_check()},

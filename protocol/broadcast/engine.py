@@ -122,7 +122,14 @@ class BroadcastEngine:
         self._queued: Manifest | None = None  # the newest version, once the current one is done
         self.target: Manifest | None = store.newest()
         self.server = ChunkServer(self)
-        self.requests = ChunkRequests(swarm, store, job_id, config.stall_s, self.stats)
+        self.requests = ChunkRequests(
+            swarm,
+            store,
+            job_id,
+            stall_s=config.stall_s,
+            min_bytes_per_s=config.min_chunk_kib_s * 1024,
+            stats=self.stats,
+        )
         self.penalties = Penalties(config, self.stats, on_ban=self._on_ban)
         self._learning: set[int] = set()
         self._relayed: set[str] = set()  # neighbours reached only through a relay

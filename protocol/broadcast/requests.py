@@ -5,8 +5,10 @@ fresh py-libp2p yamux stream starts with a 256 KiB window and polls every
 10 ms once it is spent; a reused one has grown its window.
 
 A request waits ``timeout_s`` for its first byte, then ``stall_s`` between
-bytes; while no request time is measured yet the timeout is a first guess,
-which ``retime`` replaces once one is.
+bytes, and from its first byte on the chunk must come at ``min_bytes_per_s``
+on average (a peer that trickles a byte just inside every ``stall_s`` would
+otherwise hold a request for ever); while no request time is measured yet the
+timeout is a first guess, which ``retime`` replaces once one is.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from protocol.broadcast.scheduler import Download
 from protocol.broadcast.settings import Stats
 from protocol.broadcast.store import VersionStore
 from protocol.errors import ChunkHashMismatch
+from protocol.manifest import chunk_len
 from protocol.messages import ErrorReply, Manifest
 from protocol.models import updates
 from protocol.net.swarm import Swarm
@@ -49,15 +52,27 @@ class _OpenRequest:
     guessed: bool  # its timeout is the first guess, made before any request time was measured
     trusted: bool  # the peer has sent us a good chunk before
     received: int = 0  # bytes so far
+    first_byte_at: float | None = None
     overtaken: bool = False  # cancelled because another peer's copy of the chunk came first
+
+    def too_slow(self, now: float, stall_s: float, min_bytes_per_s: float) -> bool:
+        """Have its bytes, flowing for ``stall_s`` at least, come slower than
+        ``min_bytes_per_s``? (Before that, or before any byte, nothing is
+        known against it: a busy honest peer queues requests.)"""
+        if self.first_byte_at is None or now - self.first_byte_at < stall_s:
+            return False
+        return self.received < min_bytes_per_s * (now - self.first_byte_at)
 
 
 class ChunkRequests:
-    def __init__(self, swarm: Swarm, store: VersionStore, job_id: str, stall_s: float, stats: Stats):
+    def __init__(
+        self, swarm: Swarm, store: VersionStore, job_id: str, *, stall_s: float, min_bytes_per_s: float, stats: Stats
+    ):
         self.swarm = swarm
         self.store = store
         self.job_id = job_id
         self.stall_s = stall_s
+        self.min_bytes_per_s = min_bytes_per_s
         self.stats = stats
         self._lanes: dict[str, list[INetStream]] = {}  # idle chunk streams per peer
         self._open: dict[tuple[str, int], _OpenRequest] = {}  # requests under way
@@ -84,9 +99,11 @@ class ChunkRequests:
         to a peer that has sent us a good chunk (``trusted(peer)``) ends
         ``OVERTAKEN``: the peer was only slower this once. Counting that as a
         stall had honest nodes on one busy machine ban each other within a
-        minute (bench/attacks.py baselines). A stranger's request with no
-        byte yet runs on to its answer or its timeout: that tells an honest
-        peer (now trusted) from one that never sends (``STALLED``)."""
+        minute (bench/attacks.py baselines). But bytes that came slower than
+        ``min_bytes_per_s`` are a stall, overtaken or not: a trusted peer
+        must not trickle. A stranger's request with no byte yet runs on to
+        its answer or its timeout: that tells an honest peer (now trusted)
+        from one that never sends (``STALLED``)."""
         lanes = self._lanes.setdefault(peer, [])
         stream = lanes.pop() if lanes else None
         reusable = False
@@ -94,9 +111,15 @@ class ChunkRequests:
         with trio.CancelScope(deadline=started + timeout_s) as scope:
             open_request = self._open[(peer, idx)] = _OpenRequest(scope, started, guessed, trusted(peer))
 
+            # The frame is the chunk and a few bytes of envelope.
+            must_end_s = self.stall_s + chunk_len(m, idx) / self.min_bytes_per_s
+
             def progress(n: int) -> None:
+                now = trio.current_time()
+                if open_request.first_byte_at is None:
+                    open_request.first_byte_at = now
                 open_request.received += n
-                scope.deadline = trio.current_time() + self.stall_s
+                scope.deadline = min(now + self.stall_s, open_request.first_byte_at + must_end_s)
 
             try:
                 if stream is None:
@@ -111,7 +134,9 @@ class ChunkRequests:
                 elif stream is not None:
                     await discard(stream)
         if scope.cancelled_caught:
-            if open_request.overtaken:
+            if open_request.overtaken and not open_request.too_slow(
+                trio.current_time(), self.stall_s, self.min_bytes_per_s
+            ):
                 return OVERTAKEN
             self.stats.stalls[peer] += 1
             event(log, logging.INFO, "peer stalled; reissuing", peer=peer, chunk=idx)

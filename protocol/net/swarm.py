@@ -50,6 +50,7 @@ class BootstrapUnreachable(ConnectionError):
 class Swarm:
     host: IHost
     dht: KadDHT
+    gate: InboundGate | None = None  # admits inbound sockets (PeerBans cools banned peers' addresses there)
     autonat: AutoNATServer | None = None  # set when this process answers dial-back requests
     relay: RelayClient | None = None  # keeps relay reservations while we are not dialable
     puncher: HolePuncher | None = None  # upgrades relayed connections (DCUtR)
@@ -231,12 +232,13 @@ async def open_swarm(
         parse_multiaddr(addr)
     relayed_addrs: list[multiaddr.Multiaddr] = []
     public_addrs: list[multiaddr.Multiaddr] = []
+    gate = InboundGate(connections.connections_per_ip)
     host = make_host(
         identity,
         listen,
         lambda: [*public_addrs, *relayed_addrs],
         connections=connection_config(connections),
-        gate=InboundGate(connections.connections_per_ip),
+        gate=gate,
     )
     async with AsyncExitStack() as stack:
         listen_addrs = [parse_multiaddr(a) for a in listen]
@@ -251,7 +253,7 @@ async def open_swarm(
         dht.register_validator(DHT_NAMESPACE, ManifestRecordValidator())
         bound_dht(dht)  # and what passes is bounded in size and count
         await stack.enter_async_context(background_trio_service(dht))
-        swarm = Swarm(host, dht, public_addrs=public_addrs)
+        swarm = Swarm(host, dht, gate=gate, public_addrs=public_addrs)
         if upnp:
             swarm.upnp = PortMapper(mappable_ports([str(a) for a in host.get_addrs()]))
             await background.start(swarm.upnp.run)

@@ -6,7 +6,8 @@ chunk arrives from elsewhere meanwhile (``cancel_copies``, the endgame), a
 peer that has sent us good chunks was only slower this once and must not be
 struck for it (honest nodes on a busy machine banned each other that way). A
 stranger's request runs on until it answers (an honest peer) or times out (a
-staller).
+staller). But a peer whose bytes trickle slower than the pace a chunk must
+keep has stalled, trusted and overtaken or not.
 """
 
 import pytest
@@ -30,11 +31,16 @@ CHUNK = 4096
 
 
 class Holder:
-    """Takes each chunk request, sends ``pieces`` pieces of it (256 bytes
-    each), then holds the rest until ``release`` is set."""
+    """Takes each chunk request, sends ``pieces`` pieces of it
+    (``piece_bytes`` each), then holds the rest until ``release`` is set;
+    or, given ``trickle_s``, sends one piece every ``trickle_s`` and is
+    holding after ``trickled`` of them."""
 
-    def __init__(self, chunks: list[bytes], pieces: int):
-        self.chunks, self.pieces = chunks, pieces
+    def __init__(
+        self, chunks: list[bytes], pieces: int, piece_bytes: int = 256, trickle_s: float = 0.0, trickled: int = 0
+    ):
+        self.chunks, self.pieces, self.piece_bytes = chunks, pieces, piece_bytes
+        self.trickle_s, self.trickled = trickle_s, trickled
         self.holding, self.release = trio.Event(), trio.Event()
 
     async def handle(self, stream) -> None:
@@ -43,25 +49,44 @@ class Holder:
 
         async def before_piece(n: int) -> None:
             nonlocal sent
-            if sent == self.pieces:
+            if self.trickle_s and sent >= self.pieces:
+                if sent == self.pieces + self.trickled:
+                    self.holding.set()
+                await trio.sleep(self.trickle_s)  # the trickler's pace, not synchronisation
+            elif sent == self.pieces:
                 self.holding.set()
                 await self.release.wait()
             sent += 1
 
         data = self.chunks[request.index]
         await chunk.send_chunk(
-            stream, ChunkData(JOB, request.version, request.index, data), piece_bytes=256, before_piece=before_piece
+            stream,
+            ChunkData(JOB, request.version, request.index, data),
+            piece_bytes=self.piece_bytes,
+            before_piece=before_piece,
         )
 
 
-async def ask(tmp_path, *, pieces: int, trusted: bool, overtake: bool, answer_after: bool, timeout_s: float):
-    """One request to a holder. Once the holder holds, the copy from elsewhere
-    comes (if ``overtake``), then the holder sends the rest (if
-    ``answer_after``). Returns (outcome, stalls counted)."""
+async def ask(
+    tmp_path,
+    *,
+    pieces: int,
+    trusted: bool,
+    overtake: bool,
+    answer_after: bool,
+    timeout_s: float,
+    stall_s: float = 30.0,
+    min_bytes_per_s: float = 1024.0,
+    **holding,
+):
+    """One request to a holder (``Holder(pieces=pieces, **holding)``). Once
+    the holder holds, the copy from elsewhere comes (if ``overtake``), then
+    the holder sends the rest (if ``answer_after``). Returns (outcome, stalls
+    counted)."""
     m, chunks = patterned_version(JOB, chunk_size=CHUNK, n_chunks=2)
     store = VersionStore(tmp_path, learner_id=LEARNER.peer_id_str, keep=2)
     store.add_manifest(m)
-    holder = Holder(chunks, pieces)
+    holder = Holder(chunks, pieces, **holding)
     async with (
         open_swarm(Identity.generate(), LOOPBACK, server=True) as client,
         open_swarm(Identity.generate(), LOOPBACK, server=True) as holder_swarm,
@@ -71,7 +96,7 @@ async def ask(tmp_path, *, pieces: int, trusted: bool, overtake: bool, answer_af
         peer = holder_swarm.host.get_id().to_base58()
         await client.host.connect(PeerInfo(holder_swarm.host.get_id(), holder_swarm.host.get_addrs()))
         stats = Stats()
-        requests = ChunkRequests(client, store, JOB, stall_s=30.0, stats=stats)
+        requests = ChunkRequests(client, store, JOB, stall_s=stall_s, min_bytes_per_s=min_bytes_per_s, stats=stats)
         outcome, done = [], trio.Event()
 
         async def request() -> None:
@@ -100,7 +125,7 @@ async def ask(tmp_path, *, pieces: int, trusted: bool, overtake: bool, answer_af
             await trio.testing.wait_all_tasks_blocked(0.05)
             assert not done.is_set()  # it was left to run
             holder.release.set()
-        with trio.fail_after(timeout_s + 10):
+        with trio.fail_after(timeout_s + stall_s + CHUNK / min_bytes_per_s + 10):
             await done.wait()
         holder.release.set()
         nursery.cancel_scope.cancel()
@@ -125,4 +150,27 @@ async def test_a_request_overtaken_by_another_copy(tmp_path, pieces, trusted, an
 
 async def test_a_trusted_peer_that_outlasts_its_timeout_has_stalled(tmp_path):
     outcome, stalls = await ask(tmp_path, pieces=0, trusted=True, overtake=False, answer_after=False, timeout_s=0.5)
+    assert (outcome, stalls) == (outcomes.STALLED, 1)
+
+
+# A trickler: 256 bytes at once, then one byte every 0.25 s, inside a 1 s
+# stall timer; a chunk must come at 1 KiB/s once its bytes flow (4 s for
+# these 4 KiB, after 1 s of grace).
+TRICKLE = dict(pieces=256, piece_bytes=1, trickle_s=0.25, stall_s=1.0, min_bytes_per_s=1024.0)
+
+
+async def test_a_peer_that_trickles_has_stalled_when_its_chunk_is_due(tmp_path):
+    started = trio.current_time()
+    outcome, stalls = await ask(tmp_path, trusted=True, overtake=False, answer_after=False, timeout_s=30.0, **TRICKLE)
+    assert (outcome, stalls) == (outcomes.STALLED, 1)
+    # It is cut when 4 KiB at 1 KiB/s are due (5 s after its first byte), not
+    # when the 4 KiB would have come at its pace (17 minutes).
+    assert trio.current_time() - started < 10
+
+
+async def test_a_trusted_peer_that_trickles_has_stalled_though_another_copy_overtook_it(tmp_path):
+    # Overtaken after 6 trickled bytes (1.5 s of its bytes flowing at ~170 B/s).
+    outcome, stalls = await ask(
+        tmp_path, trusted=True, overtake=True, answer_after=False, timeout_s=30.0, trickled=6, **TRICKLE
+    )
     assert (outcome, stalls) == (outcomes.STALLED, 1)
