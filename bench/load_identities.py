@@ -68,7 +68,7 @@ from protocol.messages import UNSIGNED, ErrorReply  # noqa: E402
 from protocol.net.host import make_host, parse_multiaddr, parse_peer_addr  # noqa: E402
 from protocol.net.swarm import Swarm  # noqa: E402
 from protocol.process import logs, malloc  # noqa: E402
-from protocol.rpc import RequestFailed, request  # noqa: E402
+from protocol.rpc import KEPT_REUSE_S, KeptStreams, RequestFailed, request  # noqa: E402
 from protocol.wire import have, rollout, work  # noqa: E402
 from protocol.wire.rollout import Completion, Receipt, RolloutBatch, RolloutGroup  # noqa: E402
 from protocol.wire.work import NoWork, WorkAssignment, WorkRequest  # noqa: E402
@@ -362,6 +362,7 @@ class Volunteer:
         self.pace_s = crowd.mix.draw_class(crowd.rng)
         self.rng = random.Random(crowd.rng.random())
         self.host: Any = None
+        self.streams: KeptStreams | None = None  # to the learner, unless --one-stream-each
         self.working = trio.CancelScope()  # cancelled when the window ends: no new work
         self.accepted: set[bytes] = set()  # batch hashes of receipts that said accepted
         self.tokens_per_s = 0.0
@@ -379,9 +380,19 @@ class Volunteer:
     def _connections(self) -> list:
         return self.host.get_network().get_connections(self.crowd.learner.peer_id) if self.host else []
 
+    async def _request(self, protocols: tuple[str, ...], talk: Any, timeout_s: float) -> Any:
+        """One exchange with the learner: on a kept stream, as a node's, or
+        with --one-stream-each on a stream of the older version of its own."""
+        learner = self.crowd.learner.peer_id
+        if self.streams is None:
+            return await request(self.host, learner, protocols[-1], talk, timeout_s=timeout_s)
+        return await self.streams.request(learner, protocols, talk, timeout_s=timeout_s)
+
     async def run(self) -> None:
         tally = self.crowd.tally
         self.host = make_host(self.identity, [self.listen])
+        if not self.crowd.args.one_stream_each:
+            self.streams = KeptStreams(self.host, idle_s=KEPT_REUSE_S)
         async with self.host.run([parse_multiaddr(self.listen)]):
             async with trio.open_nursery() as side:
                 # Deliveries outlive the work loop: the window's end stops the
@@ -421,18 +432,14 @@ class Volunteer:
                 await trio.sleep(backoff_s(failures))
 
     async def _work(self, deliveries: trio.Nursery) -> None:
-        crowd, tally = self.crowd, self.crowd.tally
+        tally = self.crowd.tally
         in_flight = trio.Semaphore(MAX_DELIVERIES)
         failures = 0
         while True:
             asked = trio.current_time()
             try:
-                reply = await request(
-                    self.host,
-                    crowd.learner.peer_id,
-                    work.PROTOCOL,
-                    lambda stream: work.ask(stream, self._ask()),
-                    timeout_s=WORK_TIMEOUT_S,
+                reply = await self._request(
+                    work.PROTOCOLS, lambda stream: work.ask(stream, self._ask()), WORK_TIMEOUT_S
                 )
             except RequestFailed as exc:
                 tally.failed("work_failed", exc)
@@ -520,12 +527,8 @@ class Volunteer:
         crowd, tally = self.crowd, self.crowd.tally
         sent = trio.current_time()
         try:
-            reply = await request(
-                self.host,
-                crowd.learner.peer_id,
-                rollout.PROTOCOL,
-                lambda stream: rollout.submit(stream, batch),
-                timeout_s=SUBMIT_TIMEOUT_S,
+            reply = await self._request(
+                rollout.PROTOCOLS, lambda stream: rollout.submit(stream, batch), SUBMIT_TIMEOUT_S
             )
             if isinstance(reply, ErrorReply):
                 tally.count(f"rollout_error:{reply.code}")
@@ -663,6 +666,11 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--receipts-every-s", type=float, default=120.0, help="0: only at the end")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--one-stream-each",
+        action="store_true",
+        help="a new stream per work request and per batch (the protocols' older versions), not kept streams",
+    )
     parser.add_argument("--data-dir", type=Path, required=True, help="the leader node's data dir")
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser.parse_args()

@@ -49,12 +49,17 @@ over that at N = 100, and ``rss_growth_per_identity_kib`` between the smallest a
 largest N. ``--compare-verify`` runs one level twice, with ``--verify-batch
 1`` and with the learner's default (or ``--verify-batch``), and reports
 ``batched_over_single``, the ratio of their verified tokens per learner
-CPU-second. ``--py-spy`` samples the learner during each window (py-spy
+CPU-second. ``--compare-streams`` runs one level twice, the emulated
+nodes opening a new stream for each work request and batch (the protocols'
+older versions) and then keeping their streams, and reports
+``control_kept_over_each``, the ratio of their ``control_ms_per_batch``.
+``--py-spy`` samples the learner during each window (py-spy
 must be installed) and adds its hottest frames.
 
     python bench/swarm_load.py --quick              # N = 10, 100: ~3 minutes
     python bench/swarm_load.py --json               # N = 10, 100, 300, 1000: ~20 minutes
     python bench/swarm_load.py --levels 300 --compare-verify --json
+    python bench/swarm_load.py --levels 300 --compare-streams --json
 """
 
 from __future__ import annotations
@@ -157,6 +162,7 @@ class Load:
     gpu_s: tuple[float, float] = (2.0, 5.0)
     receipts_every_s: float = 120.0  # each identity fetches its receipts this often
     status_polls_per_s: float = 4.0
+    one_stream_each: bool = False  # a new stream per work request and batch (the older protocol versions)
 
 
 # --- processes ---------------------------------------------------------------------
@@ -356,7 +362,7 @@ def run_level(identities: int, job: Job, load: Load, root: Path, cpus: tuple[set
                 "--laptop-share", str(load.laptop_share), "--laptop-s", ",".join(map(str, load.laptop_s)),
                 "--gpu-s", ",".join(map(str, load.gpu_s)), "--receipts-every-s", str(load.receipts_every_s),
                 "--seed", str(p), "--data-dir", str(root / f"emulator{p}"),
-            ]  # fmt: skip
+            ] + (["--one-stream-each"] if load.one_stream_each else [])  # fmt: skip
             emulator = Emulator(f"emulator{p}", args, root, other_cpus)
             emulators.callback(emulator.stop)
             crowd.append(emulator)
@@ -600,6 +606,8 @@ def print_table(result: dict) -> None:
             print(f"{key}: {value}")
     if "compare_verify" in result:
         print(f"batched_over_single: {result['compare_verify']['batched_over_single']}")
+    if "compare_streams" in result:
+        print(f"control_kept_over_each: {result['compare_streams']['control_kept_over_each']}")
 
 
 def main() -> None:
@@ -615,6 +623,11 @@ def main() -> None:
         "--compare-verify",
         action="store_true",
         help="one level (the first of --levels, else 300) with --verify-batch 1 and with the default",
+    )
+    parser.add_argument(
+        "--compare-streams",
+        action="store_true",
+        help="one level (the first of --levels, else 300) with a new stream per exchange and with kept streams",
     )
     parser.add_argument("--py-spy", action="store_true", help="sample the learner with py-spy in each window")
     parser.add_argument("--dir", type=Path, default=None, help="keep logs here (default: a temp dir, removed)")
@@ -665,6 +678,16 @@ def main() -> None:
                     "batched": batched,
                     "batched_over_single": round(b / a, 2) if a and b else None,
                 }
+        elif args.compare_streams:
+            n = levels[0] if args.levels != parser.get_default("levels") else 300
+            (each,) = run_levels([n], job, replace(load, one_stream_each=True), base, cpus, args.py_spy, "-each")
+            (kept,) = run_levels([n], job, load, base, cpus, args.py_spy, "-kept")
+            a, b = each["control_ms_per_batch"], kept["control_ms_per_batch"]
+            result["compare_streams"] = {
+                "one_stream_each": each,
+                "kept": kept,
+                "control_kept_over_each": round(b / a, 3) if a and b else None,
+            }
         else:
             result["levels"] = run_levels(levels, job, load, base, cpus, args.py_spy)
             result["rss_growth_per_identity_kib"] = rss_growth_kib(result["levels"])

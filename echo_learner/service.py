@@ -72,7 +72,7 @@ from protocol.process.files import write_atomic
 from protocol.process.logs import event
 from protocol.process.progress import progress
 from protocol.process.runtime import task_count
-from protocol.rpc import Handler, remote_peer, serve
+from protocol.rpc import KEPT_IDLE_S, Handler, remote_peer, serve, serve_kept
 from protocol.wire import receipts, rollout, work
 from protocol.wire.have import Have
 
@@ -296,13 +296,19 @@ class Learner:
                 await nursery.start(self.bootstrap_probe.run)
                 host = swarm.host
                 self.peers.on_forget = lambda peer: release_connection(host, ID.from_base58(peer))
-                for protocol, handler in (
-                    (work.PROTOCOL, self._handle_work),
-                    (rollout.PROTOCOL, self.ingest.handle_rollouts),
-                    (receipts.PROTOCOL, self._handle_receipts),
+                timeout_s = cfg.request_timeout_s
+                for protocol, handler, kept in (  # kept: one exchange after another on a stream
+                    (work.PROTOCOL, self._handle_work, True),
+                    (work.PROTOCOL_1_4, self._handle_work, False),
+                    (rollout.PROTOCOL, self.ingest.handle_rollouts, True),
+                    (rollout.PROTOCOL_1_1, self.ingest.handle_rollouts, False),
+                    (receipts.PROTOCOL, self._handle_receipts, False),
                 ):
                     shut_out = self._shutting_out_banned(handler, nursery)
-                    host.set_stream_handler(protocol, serve(protocol, shut_out, cfg.request_timeout_s))
+                    if kept:
+                        host.set_stream_handler(protocol, serve_kept(protocol, shut_out, timeout_s, KEPT_IDLE_S))
+                    else:
+                        host.set_stream_handler(protocol, serve(protocol, shut_out, timeout_s))
                 # The learner seeds each version into the swarm's broadcast.
                 weights_dir = cfg.data_dir / "weights" / self.job_id
                 store = VersionStore(weights_dir, learner_id=self.me, keep=cfg.keep_versions)

@@ -15,7 +15,6 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import trio
-from libp2p.abc import IHost
 from libp2p.peer.id import ID
 
 from echo_node.config import NodeConfig
@@ -24,7 +23,7 @@ from protocol.broadcast.engine import VersionTooLarge
 from protocol.errors import ProtocolError
 from protocol.messages import ErrorReply
 from protocol.process.logs import event
-from protocol.rpc import RequestFailed, request
+from protocol.rpc import KeptStreams, RequestFailed
 from protocol.wire import work
 from protocol.wire.work import NoWork, WorkAssignment, WorkRequest
 
@@ -35,10 +34,10 @@ class WorkRefused(RequestFailed):
     """The learner answered a work request with an error (banned, too many requests)."""
 
 
-async def ask_once(host: IHost, learner: ID, ask: WorkRequest, timeout_s: float) -> WorkAssignment | None:
+async def ask_once(streams: KeptStreams, learner: ID, ask: WorkRequest, timeout_s: float) -> WorkAssignment | None:
     """The learner's assignment; None when it has no work now (after waiting
     as long as it asked); ``WorkRefused`` when it answers with an error."""
-    reply = await request(host, learner, work.PROTOCOL, lambda stream: work.ask(stream, ask), timeout_s=timeout_s)
+    reply = await streams.request(learner, work.PROTOCOLS, lambda stream: work.ask(stream, ask), timeout_s=timeout_s)
     if isinstance(reply, ErrorReply):
         raise WorkRefused(f"{reply.code}: {reply.message}")
     if isinstance(reply, NoWork):

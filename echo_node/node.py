@@ -44,7 +44,7 @@ from protocol.net.lan import discover_lan
 from protocol.net.reachability import Reachability
 from protocol.net.swarm import Swarm, connect_bootstrap, open_swarm
 from protocol.process.logs import event
-from protocol.rpc import RequestFailed, request
+from protocol.rpc import KEPT_REUSE_S, KeptStreams, RequestFailed
 from protocol.wire import rollout
 from protocol.wire.rollout import Completion, Receipt, RolloutBatch, RolloutGroup
 from protocol.wire.work import WorkAssignment, WorkRequest
@@ -70,6 +70,7 @@ class Node:
         self._worked_for = job_memory.recall(config.job_path)  # what job.json says
         self.reachability_watch = ReachabilityWatch(config)
         self.swarm: Swarm | None = None
+        self.streams: KeptStreams | None = None  # to the learner: work requests and batches
         self.engine: BroadcastEngine | None = None
         self.learner: ID | None = None
         self._learner_at: tuple[multiaddr.Multiaddr, ...] = ()  # where it answered last
@@ -113,6 +114,7 @@ class Node:
             trio.open_nursery() as nursery,
         ):
             self.swarm = swarm
+            self.streams = KeptStreams(swarm.host, idle_s=KEPT_REUSE_S)
             if cfg.mdns:
                 await nursery.start(discover_lan, swarm, cfg.bootstrap_timeout_s)
             await connect_bootstrap(swarm, cfg.bootstrap, cfg.bootstrap_timeout_s)
@@ -282,7 +284,8 @@ class Node:
             memory_mib=self._free() // 2**20,
             tokens_per_s=round(self.tokens_per_s, 1),
         )
-        reply = await ask_once(self.swarm.host, self.learner, ask, cfg.work_timeout_s)
+        assert self.streams is not None
+        reply = await ask_once(self.streams, self.learner, ask, cfg.work_timeout_s)
         if reply is None:
             return None
         self.weights.named(reply.version)
@@ -402,12 +405,11 @@ class Node:
         )
 
     async def submit(self, batch: RolloutBatch) -> Receipt | ErrorReply:
-        assert self.swarm is not None and self.learner is not None
+        assert self.streams is not None and self.learner is not None
         await self._delay()
-        return await request(
-            self.swarm.host,
+        return await self.streams.request(
             self.learner,
-            rollout.PROTOCOL,
+            rollout.PROTOCOLS,
             lambda stream: rollout.submit(stream, batch),
             timeout_s=self.config.request_timeout_s,
         )

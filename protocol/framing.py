@@ -98,15 +98,23 @@ async def receive(stream: ByteStream, *expected: type[T]) -> T:
     return codec.decode(data, *expected)
 
 
-async def receive_or_end(stream: ByteStream, *expected: type[T]) -> T | None:
-    """Like ``receive``, but a stream that ends cleanly *between* frames gives
-    None (the peer is done with a long-lived stream); mid-frame it still raises."""
+async def next_frame_head(stream: ByteStream) -> bytes | None:
+    """The header of the stream's next frame (its 4 bytes, for a reader that
+    reads the frame itself), or None if the stream ended cleanly before it."""
     try:
-        header = await _read_exactly(stream, _HEADER.size)
+        return await _read_exactly(stream, _HEADER.size)
     except StreamClosed as exc:
         if exc.received == 0:
             return None
         raise
+
+
+async def receive_or_end(stream: ByteStream, *expected: type[T]) -> T | None:
+    """Like ``receive``, but a stream that ends cleanly *between* frames gives
+    None (the peer is done with a long-lived stream); mid-frame it still raises."""
+    header = await next_frame_head(stream)
+    if header is None:
+        return None
     (length,) = _HEADER.unpack(header)
     limit = codec.max_size(*expected)
     if length > limit:

@@ -1,7 +1,10 @@
 """The rollout protocol: a node submits a signed batch, the learner answers
 with its signed verdict.
 
-One batch and one answer per stream. The learner verifies the batch
+A node sends a batch and the learner answers; on version 1.2.0 the node may
+send its next batch on the same stream once the receipt is in (a kept
+stream, ``protocol.rpc``), on 1.1.0 (served until protocol version 2) a
+stream carries one batch. The learner verifies the batch
 (``echo_learner.verify``: the order of checks and every refusal reason),
 writes the verdict to its ledger and only then sends the ``Receipt``. A batch
 that is oversized or does not decode gets ``ErrorReply("malformed")``
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from protocol import codec, framing
-from protocol.errors import ProtocolError, StreamClosed
+from protocol.errors import MessageTooLarge, ProtocolError, StreamClosed
 from protocol.framing import ByteStream
 from protocol.messages import (
     BACKEND,
@@ -40,7 +43,9 @@ from protocol.messages import (
 )
 from protocol.schema import Bytes, Float, Int, ListOf, Nested, Str, check
 
-PROTOCOL = "/echo-swarm/rollout/1.1.0"
+PROTOCOL = "/echo-swarm/rollout/1.2.0"  # one batch after another on a stream
+PROTOCOL_1_1 = "/echo-swarm/rollout/1.1.0"  # one batch per stream
+PROTOCOLS = (PROTOCOL, PROTOCOL_1_1)  # what a client proposes, in this order
 
 MALFORMED = "malformed"  # the error code (and ledger reason) of an undecodable batch
 
@@ -113,7 +118,9 @@ async def answer(
 
     A batch that does not decode is reported to ``on_malformed`` and answered
     with ``ErrorReply("malformed")``; a stream cut mid-frame (a sender that
-    died) submitted nothing and gets no verdict.
+    died) submitted nothing and gets no verdict. An oversized batch is not
+    read, so the stream ends after its answer (``MessageTooLarge`` is raised
+    again): what follows on it is the rest of that batch, not a frame.
     """
     try:
         data = await framing.read_frame(stream, codec.max_size(RolloutBatch))
@@ -125,5 +132,7 @@ async def answer(
     except ProtocolError as exc:
         on_malformed(exc)
         await framing.send(stream, ErrorReply(MALFORMED, str(exc)[:400]))
+        if isinstance(exc, MessageTooLarge):
+            raise
         return
     await framing.send(stream, await judge(batch))

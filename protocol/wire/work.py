@@ -1,6 +1,9 @@
 """The work protocol: a node asks the learner for prompts to roll out.
 
-One request and one answer per stream. The learner may hold the request
+A node sends a request and the learner answers; on version 1.5.0 the node
+may send its next request on the same stream once the answer is in (a kept
+stream, ``protocol.rpc``), on 1.4.0 (served until protocol version 2) a
+stream carries one request. The learner may hold the request
 open (a long poll) until it has prompts for this node, and answers with a
 ``WorkAssignment``, a ``NoWork`` when the poll ran out, or an ``ErrorReply``
 (``unknown_job``, ``banned``, ``too_many_requests``).
@@ -35,7 +38,9 @@ from protocol.messages import (
 )
 from protocol.schema import Float, Int, ListOf, Nested, Str, check
 
-PROTOCOL = "/echo-swarm/work/1.4.0"
+PROTOCOL = "/echo-swarm/work/1.5.0"  # one request after another on a stream
+PROTOCOL_1_4 = "/echo-swarm/work/1.4.0"  # one request per stream
+PROTOCOLS = (PROTOCOL, PROTOCOL_1_4)  # what a client proposes, in this order
 
 # Error codes of this protocol (besides the shared unknown_job).
 BANNED = "banned"  # too many strikes: try again after the ban
