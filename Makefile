@@ -13,7 +13,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 STAMP := $(VENV)/.installed
 LLAMA_STAMP := $(VENV)/.installed-llama
 
-.PHONY: install install-llama install-browser install-net demo demo-real lint format test-fast test clean
+.PHONY: install install-llama install-browser install-net demo demo-real lint format test-fast test test-slow clean
 
 install: $(STAMP)
 
@@ -76,9 +76,16 @@ format: install
 test-fast: lint install-llama
 	$(PY) -m pytest -q -m "not procs" tests/protocol tests/learner tests/node tests/test_layout.py
 
-# Everything: unit tests, real swarms on loopback, the browser, NAT namespaces (~25 minutes on 2 cores).
+# Everything but the long end-to-end runs: unit tests, real swarms on
+# loopback, the browser (~15 minutes on 2 cores).
 test: install-llama install-browser install-net
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow"
+
+# The long end-to-end runs (marked slow): every model family's swarm, a real
+# SmolLM2, the NAT namespaces, attackers, crashes, the wheel in a fresh venv
+# (~10 minutes on 2 cores). CI runs it after `make test`.
+test-slow: install-llama install-browser install-net
+	$(PY) -m pytest -q -m slow
 
 clean:
 	rm -rf $(VENV) demo-data .pytest_cache .hypothesis

@@ -150,6 +150,7 @@ ATTACKS = {
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 async def test_dishonest_nodes_are_refused_and_honest_ones_are_not(swarm_factory):
     swarm = swarm_factory
     boot = await trio.to_thread.run_sync(swarm.start_bootstrap)

@@ -5,6 +5,8 @@ node processes on loopback)."""
 import json
 import time
 
+import pytest
+
 from echo_node import status
 
 
@@ -15,6 +17,7 @@ def node_status(swarm) -> dict:
         return {}
 
 
+@pytest.mark.slow
 def test_doctor_and_credits_beside_a_running_node_do_not_disturb_it(swarm_factory):
     swarm = swarm_factory
     swarm.start_bootstrap()

@@ -73,6 +73,7 @@ def get(url):
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_learner_survives_sigkill_and_resumes(swarm_factory, tmp_path):
     swarm = swarm_factory
     swarm.start_bootstrap()

@@ -15,10 +15,13 @@ from protocol import codec
 from protocol.messages import Manifest
 from tests.test_crash import cli, free_port, node_receipts, wait_until
 
-pytestmark = pytest.mark.skipif(
-    not all(__import__("importlib").util.find_spec(m) for m in ("llama_cpp", "gguf", "peft")),
-    reason="needs llama.cpp and peft: make install-llama",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not all(__import__("importlib").util.find_spec(m) for m in ("llama_cpp", "gguf", "peft")),
+        reason="needs llama.cpp and peft: make install-llama",
+    ),
+]
 
 LORA = ("--lora", "8", "--lr", "3e-3")
 

@@ -18,6 +18,7 @@ def rank_processes() -> list[psutil.Process]:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_a_learner_on_two_ranks_trains_publishes_and_resumes(swarm_factory):
     swarm = swarm_factory
     swarm.start_bootstrap()

@@ -33,6 +33,7 @@ TIMEOUT_S = 5  # the learner's assignment timeout: how long an unanswered prompt
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 async def test_a_work_flood_gets_a_newcomers_share_and_honest_nodes_keep_training(swarm_factory):
     swarm = swarm_factory
     boot = await trio.to_thread.run_sync(swarm.start_bootstrap)
