@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from protocol.broadcast import bitfield
 from protocol.broadcast.engine import BroadcastEngine
-from protocol.broadcast.serving import manifest_digest
+from protocol.manifest import manifest_digest
 from protocol.wire.have import Have
 
 

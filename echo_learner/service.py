@@ -60,9 +60,9 @@ from echo_learner.verify import Limits, Policies, Verifier
 from protocol import codec
 from protocol.broadcast import bitfield
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
-from protocol.broadcast.serving import manifest_digest
 from protocol.broadcast.store import VersionStore
 from protocol.identity import Identity
+from protocol.manifest import manifest_digest
 from protocol.messages import ErrorReply, Manifest
 from protocol.net.conngate import PeerBans
 from protocol.net.host import full_addrs, keep_connection, release_connection

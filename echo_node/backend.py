@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from echo_node.device import Device
+from protocol.models.updates import UpdateLimits
 from protocol.wire.work import WorkAssignment
 
 if TYPE_CHECKING:
@@ -83,6 +84,22 @@ class Backend(Protocol):
     variant: str
 
     def prepare(self, config_json: str, weights: bytes, digest: bytes = b"", variant: str = "") -> Any: ...
+
+    def prepare_lora(
+        self,
+        config_json: str,
+        base_key: bytes,
+        base_weights: Callable[[], bytes],
+        adapter: bytes,
+        base_variant: str = "",
+        limits: UpdateLimits = ...,
+    ) -> Any:
+        """A LoRA version, ready for ``use``: ``adapter`` (safetensors,
+        ``protocol.models.updates``) on the base whose weights' SHA-256 is
+        ``base_key`` (``base_weights()`` gives them, called only when the
+        backend does not hold that base yet; ``base_variant``: the base comes
+        as that variant). ``UpdateRefused`` for an adapter beyond ``limits``,
+        before anything is loaded."""
 
     def use(self, prepared: Any) -> None: ...
 

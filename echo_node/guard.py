@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from dataclasses import dataclass
 from typing import Any
 
 from protocol.models.families import UnsupportedModel, context_length, family_of, wire_dtype
+from protocol.models.safetensors_header import BadHeader, read_header
 from protocol.wire.work import WorkAssignment
 
 # Below this, softmax(logits / T) underflows to a one-hot in float64 for
@@ -105,20 +105,13 @@ def weight_elements(weights: bytes) -> int:
     """How many numbers a safetensors file holds, after checking its header:
     bounded, JSON, known float dtypes, shapes that match their byte ranges,
     and ranges inside the file. Raises ``Refused``."""
-    if len(weights) < 8:
-        raise Refused("weights: shorter than a safetensors header")
-    (n,) = struct.unpack("<Q", weights[:8])
-    if n > MAX_HEADER_BYTES or 8 + n > len(weights):
-        raise Refused(
-            f"weights: a safetensors header of {n} bytes (at most {MAX_HEADER_BYTES}, inside a file of {len(weights)})"
-        )
     try:
-        header = json.loads(weights[8 : 8 + n])
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise Refused(f"weights: the safetensors header is not JSON ({exc})") from None
-    if not isinstance(header, dict) or len(header) > MAX_TENSORS:
+        header, data = read_header(weights, MAX_HEADER_BYTES)
+    except BadHeader as exc:
+        raise Refused(f"weights: {exc}") from None
+    if len(header) > MAX_TENSORS:
         raise Refused(f"weights: the safetensors header is not a table of at most {MAX_TENSORS} tensors")
-    data_bytes = len(weights) - 8 - n
+    data_bytes = len(data)
     elements = 0
     for name, info in header.items():
         if name == "__metadata__":

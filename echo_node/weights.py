@@ -154,8 +154,7 @@ class Weights:
         weights (protocol.models.updates)."""
         assert self.engine is not None
         store, m = self.engine.store, self.engine.store.manifests[version]
-        prepare_lora = getattr(self.backend, "prepare_lora", None)
-        if m.format != updates.LORA or prepare_lora is None:
+        if m.format != updates.LORA:
             return self._prepare(m.model_config, store.rebuild(version), m.weights_digest, updates.variant_of(m))
         base = store.base_of(version)
         adapter = store.assemble(version)
@@ -172,7 +171,9 @@ class Weights:
         try:
             # The node's limits on what an adapter declares (``UpdateRefused``
             # beyond them, before the base is assembled or anything loaded).
-            return prepare_lora(m.model_config, base.weights_digest, base_weights, adapter, variant, self.config)
+            return self.backend.prepare_lora(
+                m.model_config, base.weights_digest, base_weights, adapter, variant, self.config
+            )
         except (ValueError, RuntimeError, SafetensorError) as exc:
             raise Refused(f"could not load the weights: {exc}") from exc
 

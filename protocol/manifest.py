@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from dataclasses import dataclass, replace
@@ -22,6 +23,12 @@ class Update:
     format: str
     base: Manifest
     payload: bytes
+
+
+@functools.lru_cache(maxsize=64)
+def manifest_digest(m: Manifest) -> bytes:
+    """A manifest's id in Have messages (cached: it is needed per message)."""
+    return codec.digest(m)
 
 
 def split(data: bytes, chunk_size: int) -> list[bytes]:

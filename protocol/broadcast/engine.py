@@ -57,10 +57,11 @@ from protocol.broadcast.discovery import discover_neighbours
 from protocol.broadcast.penalties import Penalties
 from protocol.broadcast.requests import ChunkRequests, discard
 from protocol.broadcast.scheduler import Download
-from protocol.broadcast.serving import ChunkServer, manifest_digest
+from protocol.broadcast.serving import ChunkServer
 from protocol.broadcast.settings import BroadcastConfig, Stats
 from protocol.broadcast.store import VersionStore
 from protocol.errors import ProtocolError
+from protocol.manifest import manifest_digest
 from protocol.messages import ErrorReply, Manifest
 from protocol.models import updates
 from protocol.net.dial import DialFailed, is_relayed

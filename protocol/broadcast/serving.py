@@ -15,7 +15,6 @@ the uplink from a peer that passes chunks on.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import AsyncIterator
 from typing import Protocol
@@ -23,7 +22,6 @@ from typing import Protocol
 import trio
 from libp2p.abc import INetStream
 
-from protocol import codec
 from protocol.broadcast import bitfield
 from protocol.broadcast.ratelimit import TokenBucket
 from protocol.broadcast.reciprocity import Standing
@@ -31,7 +29,8 @@ from protocol.broadcast.settings import BroadcastConfig, Stats
 from protocol.broadcast.store import VersionStore
 from protocol.broadcast.uploads import UploadPolicy, UploadQueue
 from protocol.errors import ProtocolError
-from protocol.messages import UNKNOWN_JOB, ErrorReply, Manifest
+from protocol.manifest import manifest_digest
+from protocol.messages import UNKNOWN_JOB, ErrorReply
 from protocol.rpc import remote_peer
 from protocol.wire import chunk
 from protocol.wire.chunk import ChunkData, ManifestRequest
@@ -57,12 +56,6 @@ class Engine(Protocol):
     def banned(self, peer: str) -> bool: ...
 
     def holding(self, version: int, variant: str) -> VersionStore | None: ...
-
-
-@functools.lru_cache(maxsize=64)
-def manifest_digest(m: Manifest) -> bytes:
-    """A manifest's id in Have messages (cached: it is needed per message)."""
-    return codec.digest(m)
 
 
 class ChunkServer:

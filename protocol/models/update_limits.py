@@ -24,12 +24,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import struct
 from dataclasses import dataclass
 
 import numpy as np
 
 from protocol.errors import ProtocolError
+from protocol.models.safetensors_header import BadHeader, read_header
 from protocol.process.config import setting
 
 # ...q_proj.lora_A.weight, as PEFT saves adapters (``echo_learner.lora``).
@@ -145,20 +145,10 @@ def lora_settings(meta: object, max_scale: float = math.inf) -> tuple[int, float
 def _header(data: bytes, max_header: int) -> tuple[dict, memoryview]:
     """A safetensors file's JSON header (its length checked before it is read)
     and the data after it."""
-    if len(data) < 8:
-        raise UpdateRefused("the adapter is shorter than a safetensors header")
-    (n,) = struct.unpack("<Q", data[:8])
-    if n > max_header or 8 + n > len(data):
-        raise UpdateRefused(
-            f"the adapter declares a {n}-byte header (at most {max_header}, inside a file of {len(data)})"
-        )
     try:
-        header = json.loads(bytes(data[8 : 8 + n]))
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise UpdateRefused(f"the adapter's safetensors header is not JSON ({exc})") from None
-    if not isinstance(header, dict):
-        raise UpdateRefused("the adapter's safetensors header is not a table")
-    return header, memoryview(data)[8 + n :]
+        return read_header(data, max_header)
+    except BadHeader as exc:
+        raise UpdateRefused(f"the adapter: {exc}") from None
 
 
 def _tensor(name: str, info: object, data: memoryview, max_value: float) -> tuple[int, int]:

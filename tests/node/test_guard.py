@@ -96,6 +96,9 @@ def _with_header(header: bytes, data: bytes = b"") -> bytes:
         (b"\x01\x02", "shorter than a safetensors header"),
         (struct.pack("<Q", 2**62) + b"{}", "header of 4611686018427387904 bytes"),
         (_with_header(b"{not json"), "not JSON"),
+        # Deep enough to exhaust json's recursion: refused, not a crash (the
+        # same reader as an update's limits, protocol/models/safetensors_header.py).
+        (_with_header(b"[" * 200_000 + b"]" * 200_000), "not JSON .RecursionError"),
         (_with_header(b"[1, 2]"), "not a table"),
         (
             _with_header(b'{"t": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}', b"\0" * 8),

@@ -14,11 +14,11 @@ from libp2p.peer.peerinfo import PeerInfo
 from protocol.broadcast import bitfield
 from protocol.broadcast.engine import BroadcastEngine
 from protocol.broadcast.reciprocity import Standing
-from protocol.broadcast.serving import manifest_digest
 from protocol.broadcast.settings import BroadcastConfig
 from protocol.broadcast.store import VersionStore
 from protocol.broadcast.uploads import UploadPolicy
 from protocol.identity import Identity
+from protocol.manifest import manifest_digest
 from protocol.net.swarm import open_swarm
 from protocol.wire import chunk, have
 from protocol.wire.chunk import ChunkData, ChunkRequest
