@@ -463,6 +463,7 @@ class Volunteer:
             if batch is not None:
                 await in_flight.acquire()
                 deliveries.start_soon(self._deliver, batch, in_flight)
+            await trio.sleep(self.crowd.args.rest_s)  # the crowd's offered load (swarm_load --offered)
 
     def _ask(self) -> WorkRequest:
         backend = self.crowd.leader.backend
@@ -665,6 +666,7 @@ def parse_args() -> argparse.Namespace:
         "--generate-prompts", type=int, default=32, help="most prompts in one generate call (of several identities)"
     )
     parser.add_argument("--receipts-every-s", type=float, default=120.0, help="0: only at the end")
+    parser.add_argument("--rest-s", type=float, default=0.0, help="seconds each identity rests after an assignment")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--one-stream-each",

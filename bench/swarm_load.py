@@ -53,7 +53,10 @@ CPU-second. ``--compare-streams`` runs one level twice, the emulated
 nodes opening a new stream for each work request and batch (the protocols'
 older versions) and then keeping their streams, and reports
 ``control_kept_over_each``, the ratio of their ``control_ms_per_batch``.
-``--py-spy`` samples the learner during each window (py-spy
+``--offered R`` has every identity rest between assignments so that the
+crowd offers R batches a second in all (``offered_per_s`` in each level;
+without it, the classes' own paces offer what that key says), to measure a
+level below its saturation. ``--py-spy`` samples the learner during each window (py-spy
 must be installed) and adds its hottest frames.
 
     python bench/swarm_load.py --quick              # N = 10, 100: ~3 minutes
@@ -163,6 +166,31 @@ class Load:
     receipts_every_s: float = 120.0  # each identity fetches its receipts this often
     status_polls_per_s: float = 4.0
     one_stream_each: bool = False  # a new stream per work request and batch (the older protocol versions)
+    offered_per_s: float = 0.0  # batches a second the whole crowd offers (0: each class at its own pace)
+
+    def rest_s(self, identities: int) -> float:
+        """Seconds each identity rests after an assignment, before asking for
+        the next, so that ``identities`` offer ``offered_per_s`` batches a
+        second in all (0 without ``offered_per_s``, or when their own paces
+        offer less). Resting, not generating slower: an assignment still comes
+        back well inside its deadline and the version window."""
+        if not self.offered_per_s or identities * self.rate_per_identity(0.0) <= self.offered_per_s:
+            return 0.0
+        lo, hi = 0.0, 1e5
+        for _ in range(100):  # bisection: the rate falls as the rest grows
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if identities * self.rate_per_identity(mid) > self.offered_per_s else (lo, mid)
+        return hi
+
+    def rate_per_identity(self, rest_s: float) -> float:
+        """Batches a second one identity offers: the mean of 1 / (pace + rest)
+        for a pace drawn evenly from its class's range (an assignment is one batch)."""
+
+        def rate(lo: float, hi: float) -> float:
+            lo, hi = lo + rest_s, hi + rest_s
+            return math.log(hi / lo) / (hi - lo) if hi > lo else 1 / lo
+
+        return self.laptop_share * rate(*self.laptop_s) + (1 - self.laptop_share) * rate(*self.gpu_s)
 
 
 # --- processes ---------------------------------------------------------------------
@@ -353,6 +381,7 @@ def run_level(identities: int, job: Job, load: Load, root: Path, cpus: tuple[set
         rss_start = rss_gib(learner.pid)
 
         crowd: list[Emulator] = []
+        rest_s = load.rest_s(identities)
         for p in range(processes):
             count = identities // processes + (p < identities % processes)
             first = sum(identities // processes + (q < identities % processes) for q in range(p))
@@ -361,6 +390,7 @@ def run_level(identities: int, job: Job, load: Load, root: Path, cpus: tuple[set
                 "--count", str(count), "--first", str(first), "--ramp-per-s", str(load.ramp_per_s / processes),
                 "--laptop-share", str(load.laptop_share), "--laptop-s", ",".join(map(str, load.laptop_s)),
                 "--gpu-s", ",".join(map(str, load.gpu_s)), "--receipts-every-s", str(load.receipts_every_s),
+                "--rest-s", f"{rest_s:.3f}",
                 "--seed", str(p), "--data-dir", str(root / f"emulator{p}"),
             ] + (["--one-stream-each"] if load.one_stream_each else [])  # fmt: skip
             emulator = Emulator(f"emulator{p}", args, root, other_cpus)
@@ -392,6 +422,7 @@ def run_level(identities: int, job: Job, load: Load, root: Path, cpus: tuple[set
     emulator_cpu = sum(r["cpu_s"] for r in results)
     result = {
         "identities_target": identities,
+        "offered_per_s": round(identities * load.rate_per_identity(load.rest_s(identities)), 2),
         "identities": min(seen["connected"], default=0),
         "identities_max": max(seen["connected"], default=0),
         # Identities whose only connections to the learner are closed ones
@@ -625,6 +656,13 @@ def main() -> None:
         help="one level (the first of --levels, else 300) with --verify-batch 1 and with the default",
     )
     parser.add_argument(
+        "--offered",
+        type=float,
+        default=0.0,
+        help="batches a second the whole crowd offers, each identity resting between assignments to match "
+        "(e.g. 0.7 of a level's measured saturation); default: each class at its own pace",
+    )
+    parser.add_argument(
         "--compare-streams",
         action="store_true",
         help="one level (the first of --levels, else 300) with a new stream per exchange and with kept streams",
@@ -636,7 +674,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: stop every process we started
 
     levels = [int(x) for x in args.levels.split(",")]
-    load = Load(processes=args.processes, ramp_per_s=args.ramp_per_s)
+    if args.offered < 0:
+        parser.error("--offered must be at least 0")
+    load = Load(processes=args.processes, ramp_per_s=args.ramp_per_s, offered_per_s=args.offered)
     if args.quick:
         levels = [10, 100] if args.levels == parser.get_default("levels") else levels
         load = replace(load, settle_s=10.0, duration_s=40.0)
