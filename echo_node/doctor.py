@@ -30,6 +30,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from libp2p.abc import IHost
+from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
 from echo_node import status
@@ -39,10 +41,11 @@ from echo_node.device import Device, cpu
 from echo_node.guard import Refused, model_shape
 from echo_node.memory import GiB, choose_dtype, free_bytes, gib, load_need
 from protocol.identity import Identity
+from protocol.messages import Manifest
 from protocol.net.host import any_port, parse_peer_addr
 from protocol.net.probe import measure_upload, try_punch
-from protocol.net.reachability import PRIVATE, PUBLIC, check_reachability
-from protocol.net.swarm import open_swarm, ping
+from protocol.net.reachability import PRIVATE, PUBLIC, Reachability, check_reachability
+from protocol.net.swarm import Swarm, open_swarm, ping
 from protocol.net.upnp import PortMapper
 from protocol.rpc import route
 
@@ -142,7 +145,10 @@ def check_upnp(mapper: PortMapper | None, public: bool, port: int | None) -> Che
 
 
 async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s: float) -> list[Check]:
-    """Run every check; never raises for what it finds."""
+    """Run every check; never raises for what it finds. Each check is a
+    function of its own, in the order a volunteer fixes them: what a later
+    one needs (a bootstrap peer that answers, the job's record) ends the
+    run when it is missing."""
     checks = [check_backends(config)]
     listen = config.listen
     running = _running_node(config)
@@ -151,177 +157,186 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
         listen = [any_port(addr) for addr in listen]  # the node holds its own
     identity = Identity.generate()
     async with open_swarm(identity, listen, server=True, relays=config.bootstrap, upnp=config.upnp) as swarm:
-        host = swarm.host
-        answering = []
-        for addr in config.bootstrap:
-            info = parse_peer_addr(addr)
-            try:
-                rtt = await ping(host, info, config.bootstrap_timeout_s)
-            except Exception as exc:  # any failure of dial or stream: it does not answer
-                checks.append(
-                    Check(
-                        "bootstrap",
-                        FAIL,
-                        f"{addr} does not answer ({type(exc).__name__}: {exc})"[:300],
-                        "check the address (echo-bootstrap prints it) and that this machine "
-                        "can reach it: a firewall may block outgoing TCP to its port",
-                    )
-                )
-                continue
-            answering.append(info)
-            await swarm.dht.add_peer(info.peer_id)
-            checks.append(Check("bootstrap", OK, f"{addr} answers in {rtt * 1000:.1f} ms"))
+        answering = await check_bootstrap(swarm, config, checks)
         if not answering:
             checks.append(
                 Check("job", FAIL, "not looked up: no bootstrap peer answered", "fix the bootstrap check first")
             )
             return checks
-
-        from echo_node.learner_lookup import NoLearnerFound
-        from echo_node.node import Node
-
-        node = Node(config, identity, learner_addrs=learner_addrs)
-        node.swarm = swarm
-        try:
-            await node.find_learner(keep_waiting=False)
-        except NoLearnerFound as exc:
-            checks.append(
-                Check(
-                    "job",
-                    FAIL,
-                    str(exc),
-                    "check the invite (or --learner / --job-id); "
-                    "is the learner running and connected to the same bootstrap peers?",
-                )
-            )
+        found = await check_job(swarm, config, identity, learner_addrs, checks)
+        if found is None:
             return checks
-        assert node.learner is not None and node.record is not None
-        learner, record = node.learner.to_base58(), node.record
-        checks.append(
-            Check(
-                "job",
-                OK,
-                f"{record.job_id} (task {record.task}, version {record.version}) "
-                f"by learner {learner}: record found, signature valid",
-            )
-        )
+        learner, record = found
+        host = swarm.host
+        checks.append(await check_learner(host, learner, timeout_s))
+
+        reach = await check_reachability(host, [info.peer_id for info in answering] + [learner], timeout_s)
+        port = _listen_port(host)
+        checks.append(reachable_check(reach, port))
+        checks.append(check_upnp(swarm.upnp, reach.status == PUBLIC, port))
+        checks.append(await check_relay(swarm, answering, reach.status == PRIVATE))
+        if port:
+            checks.append(await check_hole_punch(host, answering[0].peer_id, port, timeout_s))
+        checks.append(check_memory(config, record.model_config))
+        checks.append(check_disk(config, record.total_size))
+        checks.append(await check_upload(host, answering[0].peer_id, timeout_s))
+    return checks
+
+
+async def check_bootstrap(swarm: Swarm, config: NodeConfig, checks: list[Check]) -> list[PeerInfo]:
+    """One check per bootstrap peer (appended to ``checks``); those that answer."""
+    answering = []
+    for addr in config.bootstrap:
+        info = parse_peer_addr(addr)
         try:
-            rtt = await ping(host, PeerInfo(node.learner, []), timeout_s)
-            how = route(host.get_network().connections[node.learner][0])
-            checks.append(Check("learner", OK, f"answers ping in {rtt * 1000:.1f} ms ({how} connection)"))
+            rtt = await ping(swarm.host, info, config.bootstrap_timeout_s)
         except Exception as exc:  # any failure of dial or stream: it does not answer
             checks.append(
                 Check(
-                    "learner",
+                    "bootstrap",
                     FAIL,
-                    f"does not answer ({type(exc).__name__})",
-                    "the learner may be down or unreachable from here; try again later",
+                    f"{addr} does not answer ({type(exc).__name__}: {exc})"[:300],
+                    "check the address (echo-bootstrap prints it) and that this machine "
+                    "can reach it: a firewall may block outgoing TCP to its port",
                 )
             )
+            continue
+        answering.append(info)
+        await swarm.dht.add_peer(info.peer_id)
+        checks.append(Check("bootstrap", OK, f"{addr} answers in {rtt * 1000:.1f} ms"))
+    return answering
 
-        servers = [info.peer_id for info in answering] + [node.learner]
-        reach = await check_reachability(host, servers, timeout_s)
-        answers = "; ".join(f"{p[-8:]}: {a}" for p, a in reach.answers.items())
-        port = _listen_port(host)
-        if reach.status == PUBLIC:
-            checks.append(Check("reachable", OK, f"public: other peers can dial this node ({answers})"))
-        elif reach.status == PRIVATE:
-            checks.append(
-                Check(
-                    "reachable",
-                    WARN,
-                    f"behind NAT or a firewall: nobody can dial this node ({answers})",
-                    "nothing is needed to work; to serve weights to more peers, forward TCP port "
-                    f"{port} on your router to this machine (and listen on a fixed port with --listen)",
-                )
-            )
-        else:
-            checks.append(
-                Check(
-                    "reachable",
-                    WARN,
-                    f"unknown: no dial-back answered ({answers})",
-                    "try again; the bootstrap peers may be busy",
-                )
-            )
 
-        checks.append(check_upnp(swarm.upnp, reach.status == PUBLIC, port))
+async def check_job(
+    swarm: Swarm, config: NodeConfig, identity: Identity, learner_addrs: tuple[str, ...], checks: list[Check]
+) -> tuple[ID, Manifest] | None:
+    """The job's record, found as a node finds it (its check appended to
+    ``checks``); the learner and the record, or None."""
+    from echo_node.learner_lookup import NoLearnerFound
+    from echo_node.node import Node
 
-        if reach.status == PRIVATE:
-            assert swarm.relay is not None
-            held = [r for r in [await swarm.relay.reserve(info) for info in answering[:2]] if r]
-            if held:
-                checks.append(
-                    Check(
-                        "relay",
-                        OK,
-                        "reservation held on relay "
-                        + ", ".join(r.relay for r in held)
-                        + ": peers behind other routers can reach this node through it",
-                    )
-                )
-            else:
-                checks.append(
-                    Check(
-                        "relay",
-                        WARN,
-                        "no bootstrap peer granted a relay reservation: only "
-                        "peers this node dials itself can exchange weights with it",
-                        "ask the swarm's operator to run a relay (echo-bootstrap runs one)",
-                    )
-                )
-        else:
-            checks.append(Check("relay", OK, "not needed: other peers can dial this node"))
-
-        if port:
-            try:
-                punch = await try_punch(host, answering[0].peer_id, port, timeout_s)
-            except Exception as exc:  # the probe itself failed: say so, it is not a verdict
-                checks.append(Check("hole punch", WARN, f"could not try ({type(exc).__name__})", ""))
-            else:
-                if punch.reached:
-                    checks.append(
-                        Check(
-                            "hole punch",
-                            OK,
-                            "a direct connection through your router "
-                            "works: peers behind other home routers can reach you directly",
-                        )
-                    )
-                else:
-                    checks.append(
-                        Check(
-                            "hole punch",
-                            WARN,
-                            f"failed ({punch.detail}): your router maps "
-                            "ports unpredictably or refuses replies, so other NATed peers "
-                            "reach you only through a relay",
-                            "turn on UPnP or forward the port above on your router",
-                        )
-                    )
-
-        size = record.total_size
-        checks.append(check_memory(config, record.model_config))
-        disk_dir = _existing_parent(config.data_dir)
-        free = shutil.disk_usage(disk_dir).free
-        need_disk = (config.keep_versions + 1) * size
+    node = Node(config, identity, learner_addrs=learner_addrs)
+    node.swarm = swarm
+    try:
+        await node.find_learner(keep_waiting=False)
+    except NoLearnerFound as exc:
         checks.append(
             Check(
-                "disk",
-                OK if free >= need_disk else FAIL,
-                f"{config.keep_versions} versions need about {_mib(need_disk)}; {_mib(free)} free at {disk_dir}",
-                "" if free >= need_disk else "free some disk or pass --data-dir on a larger disk",
+                "job",
+                FAIL,
+                str(exc),
+                "check the invite (or --learner / --job-id); "
+                "is the learner running and connected to the same bootstrap peers?",
             )
         )
+        return None
+    assert node.learner is not None and node.record is not None
+    record = node.record
+    checks.append(
+        Check(
+            "job",
+            OK,
+            f"{record.job_id} (task {record.task}, version {record.version}) "
+            f"by learner {node.learner.to_base58()}: record found, signature valid",
+        )
+    )
+    return node.learner, record
 
-        try:
-            rate = await measure_upload(host, answering[0].peer_id, timeout_s)
-            checks.append(
-                Check("upload", OK, f"about {rate / 1e6:.1f} MB/s ({rate * 8 / 1e6:.0f} Mbit/s) to a bootstrap peer")
-            )
-        except Exception as exc:  # the probe failed: report, do not guess
-            checks.append(Check("upload", WARN, f"could not measure ({type(exc).__name__})", ""))
-    return checks
+
+async def check_learner(host: IHost, learner: ID, timeout_s: float) -> Check:
+    try:
+        rtt = await ping(host, PeerInfo(learner, []), timeout_s)
+    except Exception as exc:  # any failure of dial or stream: it does not answer
+        return Check(
+            "learner",
+            FAIL,
+            f"does not answer ({type(exc).__name__})",
+            "the learner may be down or unreachable from here; try again later",
+        )
+    how = route(host.get_network().connections[learner][0])
+    return Check("learner", OK, f"answers ping in {rtt * 1000:.1f} ms ({how} connection)")
+
+
+def reachable_check(reach: Reachability, port: int | None) -> Check:
+    answers = "; ".join(f"{p[-8:]}: {a}" for p, a in reach.answers.items())
+    if reach.status == PUBLIC:
+        return Check("reachable", OK, f"public: other peers can dial this node ({answers})")
+    if reach.status == PRIVATE:
+        return Check(
+            "reachable",
+            WARN,
+            f"behind NAT or a firewall: nobody can dial this node ({answers})",
+            "nothing is needed to work; to serve weights to more peers, forward TCP port "
+            f"{port} on your router to this machine (and listen on a fixed port with --listen)",
+        )
+    return Check(
+        "reachable",
+        WARN,
+        f"unknown: no dial-back answered ({answers})",
+        "try again; the bootstrap peers may be busy",
+    )
+
+
+async def check_relay(swarm: Swarm, answering: list[PeerInfo], private: bool) -> Check:
+    if not private:
+        return Check("relay", OK, "not needed: other peers can dial this node")
+    assert swarm.relay is not None
+    held = [r for r in [await swarm.relay.reserve(info) for info in answering[:2]] if r]
+    if held:
+        return Check(
+            "relay",
+            OK,
+            "reservation held on relay "
+            + ", ".join(r.relay for r in held)
+            + ": peers behind other routers can reach this node through it",
+        )
+    return Check(
+        "relay",
+        WARN,
+        "no bootstrap peer granted a relay reservation: only peers this node dials itself can exchange weights with it",
+        "ask the swarm's operator to run a relay (echo-bootstrap runs one)",
+    )
+
+
+async def check_hole_punch(host: IHost, helper: ID, port: int, timeout_s: float) -> Check:
+    try:
+        punch = await try_punch(host, helper, port, timeout_s)
+    except Exception as exc:  # the probe itself failed: say so, it is not a verdict
+        return Check("hole punch", WARN, f"could not try ({type(exc).__name__})", "")
+    if punch.reached:
+        return Check(
+            "hole punch",
+            OK,
+            "a direct connection through your router works: peers behind other home routers can reach you directly",
+        )
+    return Check(
+        "hole punch",
+        WARN,
+        f"failed ({punch.detail}): your router maps "
+        "ports unpredictably or refuses replies, so other NATed peers "
+        "reach you only through a relay",
+        "turn on UPnP or forward the port above on your router",
+    )
+
+
+def check_disk(config: NodeConfig, version_bytes: int) -> Check:
+    disk_dir = _existing_parent(config.data_dir)
+    free = shutil.disk_usage(disk_dir).free
+    need_disk = (config.keep_versions + 1) * version_bytes
+    return Check(
+        "disk",
+        OK if free >= need_disk else FAIL,
+        f"{config.keep_versions} versions need about {_mib(need_disk)}; {_mib(free)} free at {disk_dir}",
+        "" if free >= need_disk else "free some disk or pass --data-dir on a larger disk",
+    )
+
+
+async def check_upload(host: IHost, helper: ID, timeout_s: float) -> Check:
+    try:
+        rate = await measure_upload(host, helper, timeout_s)
+    except Exception as exc:  # the probe failed: report, do not guess
+        return Check("upload", WARN, f"could not measure ({type(exc).__name__})", "")
+    return Check("upload", OK, f"about {rate / 1e6:.1f} MB/s ({rate * 8 / 1e6:.0f} Mbit/s) to a bootstrap peer")
 
 
 def _running_node(config: NodeConfig) -> Check | None:
