@@ -1,5 +1,7 @@
 """``echo-learner run --train-procs 2``: a real swarm trains on two FSDP ranks, and resumes."""
 
+import subprocess
+
 import psutil
 import pytest
 import torch
@@ -17,6 +19,14 @@ def rank_processes() -> list[psutil.Process]:
     return found
 
 
+def finished(swarm, learner, timeout_s: float = 300) -> int:
+    """The learner's exit code; on a timeout, what every process was doing."""
+    try:
+        return learner.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the learner did not finish in {timeout_s} s:\n" + swarm.log_tails(4000)) from None
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.slow
 def test_a_learner_on_two_ranks_trains_publishes_and_resumes(swarm_factory):
@@ -24,8 +34,8 @@ def test_a_learner_on_two_ranks_trains_publishes_and_resumes(swarm_factory):
     swarm.start_bootstrap()
     run = ("--train-procs", "2", "--mode", "async", "--checkpoint-every", "3", "--eval-every", "0")
     learner = swarm.start_learner(*run, "--steps", str(STEPS))
-    swarm.start_node(0)
-    assert learner.wait(300) == 0, (swarm.root / "learner.log").read_text()[-3000:]
+    swarm.start_node(0, "-v")  # its log tells what it waited on, should a wait time out
+    assert finished(swarm, learner) == 0, (swarm.root / "learner.log").read_text()[-3000:]
     metrics = swarm.metrics()
     assert [m["step"] for m in metrics] == list(range(STEPS))
     assert any(m["tokens"] > 0 for m in metrics)  # steps that trained, not only skipped ones
@@ -40,7 +50,7 @@ def test_a_learner_on_two_ranks_trains_publishes_and_resumes(swarm_factory):
 
     # Resume on two ranks: the checkpoint's weights and optimiser go to them.
     learner = swarm.start_learner(*run, "--steps", str(STEPS + 3), "--resume")
-    assert learner.wait(300) == 0, (swarm.root / "learner.log").read_text()[-3000:]
+    assert finished(swarm, learner) == 0, (swarm.root / "learner.log").read_text()[-3000:]
     after = swarm.metrics()[STEPS:]
     assert [m["step"] for m in after] == [STEPS, STEPS + 1, STEPS + 2]
     assert after[0]["version"] > metrics[-1]["version"]
