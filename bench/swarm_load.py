@@ -304,12 +304,13 @@ def learner_supports(flag: str) -> bool:
 class PySpy:
     """``py-spy record`` on the learner for one window, its hottest frames after."""
 
-    def __init__(self, pid: int, seconds: float, out: Path):
+    def __init__(self, pid: int, seconds: float, out: Path, *, gil: bool = False):
         self.out = out
         self.proc = subprocess.Popen(
             [
                 PY_SPY, "record", "--pid", str(pid), "--duration", str(int(seconds)),
                 "--rate", "50", "--format", "raw", "--nonblocking", "--output", str(out),
+                *(["--gil"] if gil else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -368,7 +369,7 @@ ENTRY_PATHS = (
 # --- one level ---------------------------------------------------------------------
 
 
-def run_level(identities: int, job: Job, load: Load, root: Path, cpus: tuple[set[int], set[int]], py_spy: bool) -> dict:
+def run_level(identities: int, job: Job, load: Load, root: Path, cpus: tuple[set[int], set[int]], py_spy: str) -> dict:
     """One fresh swarm under ``identities`` volunteers; the figures of its window."""
     learner_cpus, other_cpus = cpus
     processes = min(load.processes, identities)
@@ -403,7 +404,7 @@ def run_level(identities: int, job: Job, load: Load, root: Path, cpus: tuple[set
         watch(crowd, learner, load.settle_s)
 
         # The window.
-        spy = PySpy(learner.pid, load.duration_s, root / "py-spy.txt") if py_spy else None
+        spy = PySpy(learner.pid, load.duration_s, root / "py-spy.txt", gil=py_spy == "gil") if py_spy else None
         before, _ = get_status(url)
         t0, cpu0 = time.time(), cpu_s(learner.pid)
         for emulator in crowd:
@@ -578,7 +579,7 @@ def is_error(key: str) -> bool:
 # --- the curve -----------------------------------------------------------------------
 
 
-def run_levels(levels: list[int], job: Job, load: Load, base: Path, cpus, py_spy: bool, tag: str = "") -> list[dict]:  # type: ignore[no-untyped-def]
+def run_levels(levels: list[int], job: Job, load: Load, base: Path, cpus, py_spy: str, tag: str = "") -> list[dict]:  # type: ignore[no-untyped-def]
     out = []
     for n in levels:
         root = base / f"n{n}{tag}"
@@ -667,7 +668,15 @@ def main() -> None:
         action="store_true",
         help="one level (the first of --levels, else 300) with a new stream per exchange and with kept streams",
     )
-    parser.add_argument("--py-spy", action="store_true", help="sample the learner with py-spy in each window")
+    parser.add_argument(
+        "--py-spy",
+        nargs="?",
+        const="all",
+        default="",
+        choices=("all", "gil"),
+        help="sample the learner with py-spy in each window; 'gil': only the thread holding the GIL "
+        "(where its Python CPU goes: other threads' waits for the GIL are not counted)",
+    )
     parser.add_argument("--dir", type=Path, default=None, help="keep logs here (default: a temp dir, removed)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
