@@ -246,6 +246,7 @@ async def check_job(
 async def check_learner(host: IHost, learner: ID, timeout_s: float) -> Check:
     try:
         rtt = await ping(host, PeerInfo(learner, []), timeout_s)
+        how = route(host.get_network().connections[learner][0])
     except Exception as exc:  # any failure of dial or stream: it does not answer
         return Check(
             "learner",
@@ -253,7 +254,6 @@ async def check_learner(host: IHost, learner: ID, timeout_s: float) -> Check:
             f"does not answer ({type(exc).__name__})",
             "the learner may be down or unreachable from here; try again later",
         )
-    how = route(host.get_network().connections[learner][0])
     return Check("learner", OK, f"answers ping in {rtt * 1000:.1f} ms ({how} connection)")
 
 

@@ -15,7 +15,8 @@ CPU to open, negotiate and close, an exchange on a kept one ~0.4 ms
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import trio
@@ -79,9 +80,21 @@ async def request(
     side from ``protocol.wire``) and close it; ``RequestFailed`` on any failure."""
     stream = None
     try:
-        with trio.fail_after(timeout_s):
+        with _as_request_failed(protocol, peer, timeout_s):
             stream = await host.new_stream(peer, [protocol])
             return await talk(stream)
+    finally:
+        if stream is not None:
+            await _close(stream)
+
+
+@contextmanager
+def _as_request_failed(protocol: str, peer: ID, timeout_s: float) -> Iterator[None]:
+    """Run the block within ``timeout_s``; any failure but a cancellation
+    comes out as ``RequestFailed``."""
+    try:
+        with trio.fail_after(timeout_s):
+            yield
     except ProtocolError as exc:
         raise RequestFailed(f"{protocol} to {peer}: {exc}") from exc
     except trio.TooSlowError:
@@ -90,13 +103,6 @@ async def request(
         raise
     except Exception as exc:  # libp2p stream/dial errors have no common base
         raise RequestFailed(f"{protocol} to {peer}: {type(exc).__name__}: {exc}") from exc
-    finally:
-        if stream is not None:
-            with trio.move_on_after(1):
-                try:
-                    await stream.close()
-                except Exception:
-                    pass  # already reset by the remote; nothing left to release
 
 
 Handler = Callable[[INetStream], Awaitable[None]]
@@ -106,24 +112,26 @@ def serve(protocol: str, handler: Handler, timeout_s: float) -> Handler:
     """Wrap ``handler`` with a deadline, per-peer error logging and stream cleanup."""
 
     async def wrapped(stream: INetStream) -> None:
-        peer = remote_peer(stream)
         try:
-            with trio.fail_after(timeout_s):
+            with _logged_failures(protocol, stream), trio.fail_after(timeout_s):
                 await handler(stream)
-        except ProtocolError as exc:
-            event(log, logging.INFO, "refused stream", protocol=protocol, peer=peer, error=exc)
-        except trio.TooSlowError:
-            event(log, logging.INFO, "stream timed out", protocol=protocol, peer=peer)
-        except StreamError as exc:
-            event(log, logging.INFO, "stream broke", protocol=protocol, peer=peer, error=exc)
         finally:
-            with trio.move_on_after(1):
-                try:
-                    await stream.close()
-                except Exception:
-                    pass  # the remote may have reset it already
+            await _close(stream)
 
     return wrapped
+
+
+@contextmanager
+def _logged_failures(protocol: str, stream: INetStream) -> Iterator[None]:
+    """What a misbehaving peer does to a stream we serve: logged with its peer id, not raised."""
+    try:
+        yield
+    except ProtocolError as exc:
+        event(log, logging.INFO, "refused stream", protocol=protocol, peer=remote_peer(stream), error=exc)
+    except trio.TooSlowError:
+        event(log, logging.INFO, "stream timed out", protocol=protocol, peer=remote_peer(stream))
+    except StreamError as exc:
+        event(log, logging.INFO, "stream broke", protocol=protocol, peer=remote_peer(stream), error=exc)
 
 
 class KeptStreams:
@@ -163,7 +171,7 @@ class KeptStreams:
             await _close(old)
         whole = False
         try:
-            with trio.fail_after(timeout_s):
+            with _as_request_failed(kept_protocol, peer, timeout_s):
                 if stream is None:
                     stream = await self.host.new_stream(peer, list(protocols))
                     self.opened += 1
@@ -172,14 +180,6 @@ class KeptStreams:
                 result = await talk(stream)
             whole = True
             return result
-        except ProtocolError as exc:
-            raise RequestFailed(f"{kept_protocol} to {peer}: {exc}") from exc
-        except trio.TooSlowError:
-            raise RequestFailed(f"{kept_protocol} to {peer}: no answer in {timeout_s} s") from None
-        except trio.Cancelled:
-            raise
-        except Exception as exc:  # libp2p stream/dial errors have no common base
-            raise RequestFailed(f"{kept_protocol} to {peer}: {type(exc).__name__}: {exc}") from exc
         finally:
             kept = whole and stream.get_protocol() == kept_protocol and self._keep(peer, kept_protocol, stream)
             if stream is not None and not kept:
@@ -203,13 +203,6 @@ class KeptStreams:
             return False
         idle.append((stream, trio.current_time()))
         return True
-
-    async def close(self) -> None:
-        """Close every kept stream (the process is done with its peers)."""
-        streams = [stream for idle in self._idle.values() for stream, _ in idle]
-        self._idle.clear()
-        for stream in streams:
-            await _close(stream)
 
 
 async def _close(stream: INetStream) -> None:
@@ -246,22 +239,16 @@ def serve_kept(protocol: str, handler: Handler, timeout_s: float, idle_s: float)
     exchanges, sends nothing for ``idle_s``, or an exchange fails."""
 
     async def wrapped(stream: INetStream) -> None:
-        peer = remote_peer(stream)
         try:
-            while True:
-                head = None
-                with trio.move_on_after(idle_s):
-                    head = await framing.next_frame_head(stream)
-                if head is None:
-                    return  # closed between exchanges, or idle for idle_s
-                with trio.fail_after(timeout_s):
-                    await handler(_Resumed(stream, head))  # type: ignore[arg-type]
-        except ProtocolError as exc:
-            event(log, logging.INFO, "refused stream", protocol=protocol, peer=peer, error=exc)
-        except trio.TooSlowError:
-            event(log, logging.INFO, "stream timed out", protocol=protocol, peer=peer)
-        except StreamError as exc:
-            event(log, logging.INFO, "stream broke", protocol=protocol, peer=peer, error=exc)
+            with _logged_failures(protocol, stream):
+                while True:
+                    head = None
+                    with trio.move_on_after(idle_s):
+                        head = await framing.next_frame_head(stream)
+                    if head is None:
+                        return  # closed between exchanges, or idle for idle_s
+                    with trio.fail_after(timeout_s):
+                        await handler(_Resumed(stream, head))  # type: ignore[arg-type]
         finally:
             await _close(stream)
 
