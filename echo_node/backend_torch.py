@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 from safetensors.torch import load
-from transformers import CONFIG_MAPPING, AutoModelForCausalLM, PreTrainedModel
+from transformers import CONFIG_MAPPING, AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
 from echo_node.backend import BackendSpec, Sample
 from echo_node.device import Device, cpu, torch_gpu_kinds
@@ -37,11 +37,17 @@ def no_gpu(kind: str) -> str:
 
 def call_need(shape: ModelShape, sequences: int, prompt_tokens: int, new_tokens: int) -> Need:
     cache = kv_bytes_per_token(shape) * sequences * (prompt_tokens + new_tokens)
-    # transformers' generate keeps every step's logits (output_logits); they
-    # are then stacked, scaled and log-softmaxed: 4 copies, measured 3.9 at
-    # the peak (tests/node/test_memory.py), so 5.
-    buffers = sequences * new_tokens * shape.vocab * 4 * 5
-    return Need(cache=cache, buffers=buffers)
+    # Nothing is kept across steps (_SampledLogprobs), but one step's logits
+    # live in several copies at once (the model's output, generate's f32
+    # copy, the temperature warper's, the sampler's, our log-softmax): 6.3
+    # of them at the peak (tests/node/test_memory.py), up to 10.6 where
+    # glibc's heap kept freed ones, so 12.
+    logits = sequences * shape.vocab * 4 * 12
+    # A layer's attention may copy its keys and values: the same test saw
+    # up to 1.3 layers' share of the cache over the cache itself on glibc's
+    # heap, so 2.
+    attention = 2 * cache // shape.layers
+    return Need(cache=cache, buffers=logits + attention)
 
 
 SPEC = BackendSpec(
@@ -172,7 +178,8 @@ class TorchBackend:
         for i, r in enumerate(rows):  # left padding, as generation needs
             input_ids[i, width - len(r) :] = torch.tensor(r)
             attention[i, width - len(r) :] = 1
-        out = self.model.generate(
+        sampled = _SampledLogprobs(temperature)
+        sequences = self.model.generate(
             input_ids=input_ids.to(self._torch_device),
             attention_mask=attention.to(self._torch_device),
             do_sample=True,
@@ -182,13 +189,11 @@ class TorchBackend:
             max_new_tokens=max_new_tokens,
             eos_token_id=list(stop_ids),
             pad_token_id=pad,
-            output_logits=True,
-            return_dict_in_generate=True,
+            logits_processor=LogitsProcessorList([sampled]),
+            cache_implementation="static",
         )
-        new = out.sequences[:, width:]
-        logits = torch.stack(out.logits, dim=1).float() / temperature
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new[..., None]).squeeze(-1).cpu()
-        new = new.cpu()
+        new = sequences[:, width:].cpu()
+        logprobs = sampled.finish(sequences).cpu()
         samples = []
         for toks, lps in zip(new.tolist(), logprobs.tolist()):
             end = len(toks)
@@ -198,3 +203,36 @@ class TorchBackend:
                     break
             samples.append(Sample(tuple(toks[:end]), tuple(lps[:end])))
         return [samples[i * group_size : (i + 1) * group_size] for i in range(len(prompts))]
+
+
+class _SampledLogprobs(LogitsProcessor):
+    """Each sampled token's log-prob under the raw logits at ``temperature``,
+    taken as generation goes.
+
+    transformers' ``output_logits`` would keep every step's logits until the
+    end (sequences x new tokens x vocabulary floats: gigabytes for a 150k
+    vocabulary); this keeps one step's log-softmax and one float per token.
+    Passed to ``generate``, it runs before the temperature warper, on the
+    model's raw logits. A step's sampled token is read at the next call (the
+    last one in ``finish``), where it is the last column of ``input_ids``.
+    """
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.step: torch.Tensor | None = None
+        self.picked: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self._pick(input_ids)
+        self.step = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """The log-probs of every generated token, one row per sequence."""
+        self._pick(sequences)
+        return torch.stack(self.picked, dim=1)
+
+    def _pick(self, input_ids: torch.Tensor) -> None:
+        if self.step is not None:
+            self.picked.append(self.step.gather(-1, input_ids[:, -1:]).squeeze(-1))
+            self.step = None

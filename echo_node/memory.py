@@ -1,8 +1,8 @@
 """How much memory generation needs, and what fits on this node.
 
 Checked before a job's model is loaded (the weights and llama.cpp's KV cache)
-and before each assignment (torch's KV cache and the logits of every
-sequence generated at once), against what the device has free at that moment
+and before each assignment (torch's KV cache and one step's logits for
+every sequence generated at once), against what the device has free at that moment
 and ``--max-memory``: a volunteer's machine never swaps or gets OOM-killed.
 What does not fit is refused with one line saying what it would need; where
 the node may choose, it runs smaller instead: a smaller llama.cpp dtype

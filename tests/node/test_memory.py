@@ -3,6 +3,7 @@ really allocates, a smaller dtype or fewer prompts per call when that fits,
 one clear line when nothing does."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -36,10 +37,10 @@ SMOLLM2 = json.dumps(
     }
 )
 
-# Peak RSS growth of one torch generate call, in a fresh process (ru_maxrss is
-# a process-lifetime peak), next to the estimate for the same call.
+# Peak RSS growth of one torch generate call, in a fresh process, next to the
+# estimate for the same call.
 PROBE = """
-import json, resource, sys
+import json, sys
 import psutil, torch
 from safetensors.torch import save
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -49,8 +50,8 @@ from echo_node.backend_choice import spec_of
 from echo_node.memory import call_need
 
 prompts, group, new, vocab = (int(a) for a in sys.argv[1:5])
-config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+config = LlamaConfig(vocab_size=vocab, hidden_size=256, intermediate_size=256, num_hidden_layers=4,
+                     num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=1024,
                      tie_word_embeddings=True)
 torch.manual_seed(0)
 model = LlamaForCausalLM(config)
@@ -60,17 +61,25 @@ backend.load(config_json, save({k: v.contiguous() for k, v in model.state_dict()
 del model
 backend.generate([(1, 2, 3)] * prompts, group, 4, 1.0, ())  # allocator and kernels warmed up
 before = psutil.Process().memory_info().rss
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak RSS (VmHWM) starts again from now: loading's peak is not the call's
 backend.generate([tuple(range(1, 17))] * prompts, group, new, 1.0, ())  # no stop token: every token generated
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")).split()[1]) * 1024
 need = call_need(model_shape(config_json), spec_of("torch"), prompts * group, 16, new)
-print(json.dumps({"grew": peak - before, "estimate": need.total}))
+print(json.dumps({"grew": peak - before, "estimate": need.total, "cache": need.cache, "buffers": need.buffers}))
 """
 
 
-@pytest.mark.parametrize("prompts, group, new, vocab", [(4, 8, 64, 16384), (2, 8, 128, 32768)])
+# One call dominated by its logits (a large vocabulary), one by its KV cache
+# (long generations).
+@pytest.mark.parametrize("prompts, group, new, vocab", [(8, 8, 48, 65536), (4, 8, 480, 4096)])
 def test_the_estimate_holds_what_torch_generation_really_allocates(prompts, group, new, vocab):
     out = subprocess.run(
         [sys.executable, "-c", PROBE, *map(str, (prompts, group, new, vocab))],
+        # Large tensors in their own mappings, returned when freed: with
+        # glibc's sliding threshold the same call's peak RSS growth read
+        # 77-194 MB run to run, a figure of the heap's history, not the call.
+        env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)},
         capture_output=True,
         text=True,
         timeout=300,
@@ -103,7 +112,9 @@ def test_dtype_auto_takes_the_most_exact_that_fits():
 def test_an_assignment_is_generated_in_calls_that_fit():
     shape = model_shape(SMOLLM2)
     one = call_need(shape, TORCH, 16, 40, 256).total  # one prompt's group of 16 long answers
-    assert one > 2**30  # torch keeps every step's logits: over a GiB for one group
+    # Its KV cache and one step's logits in a few copies: a quarter GiB (when
+    # torch kept every step's logits, over one GiB).
+    assert 2**27 < one < 2**29
     assert prompts_per_call(shape, TORCH, 8, 16, 40, 256, free=8 * one) == 8
     assert prompts_per_call(shape, TORCH, 8, 16, 40, 256, free=int(2.5 * one)) == 2
     with pytest.raises(Refused, match="one prompt's group of 16 x 256 tokens needs about"):
