@@ -26,7 +26,7 @@ from echo_learner.capacity import window_left_s
 from echo_learner.config import LearnerConfig
 from echo_learner.ledger import CREDIT_PER_TOKEN, Row
 from echo_learner.loop_lag import LoopLag
-from echo_learner.peers import REFUSALS_PER_STRIKE, PeerBook, PeerStats
+from echo_learner.peers import REFUSALS_PER_STRIKE, Newcomers, PeerBook, PeerStats
 from echo_learner.pool import Assignment, Rollouts
 from echo_learner.sizing import DEADLINE_SHARE, Worker, prompts_for
 from echo_learner.tasks.base import Task
@@ -93,7 +93,7 @@ class Ingest:
         self.meter = verifier.meter
         self.cpu = verifier.cpu
         self.pool.on_lapsed = self._lapsed
-        self.pool.provisional = self._provisional
+        self.pool.newcomers = Newcomers(peers, config.assignment_timeout_s)
         self.task = task
         self.decode = decode
         self.peers = peers
@@ -189,7 +189,7 @@ class Ingest:
                     )
                 self._waiting += 1
                 try:
-                    if self._provisional(peer):
+                    if peer in self.pool.newcomers:
                         # A newcomer looks again only every newcomer_retry_s: a
                         # crowd of them woken at every pool change would cost the
                         # learner more than they bring.
@@ -206,15 +206,6 @@ class Ingest:
         """``peer`` let prompts expire unanswered (``PeerBook.lapsed``)."""
         event(log, logging.INFO, "prompts expired unanswered", peer=peer)
         self.peers.lapsed(peer, deadline_s=self.pool.assignment_timeout_s)
-
-    def _provisional(self, peer: str) -> bool:
-        """Is ``peer`` a newcomer (no batch accepted yet) while proven peers are
-        at work? Its prompts are then extra to the pool, and fairness caps
-        what all such peers hold together."""
-        stats = self.peers.peers.get(peer)
-        if stats is not None and stats.accepted > 0:
-            return False
-        return self.peers.any_proven_active(self.config.assignment_timeout_s)
 
     def _version_for(self, peer: str, req: WorkRequest, holds: int) -> tuple[int, float]:
         """Admission control (async mode): the oldest version ``peer`` may

@@ -10,11 +10,12 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from echo_learner.capacity import running_mean
+from echo_learner.changes import Changes
 from echo_learner.verify import ACCEPTED, STRIKES
 from protocol.wire.work import WorkRequest
 
@@ -109,10 +110,12 @@ class PeerBook:
         # active ones are a tail of it (a learner asks on every work request).
         self.peers: OrderedDict[str, PeerStats] = OrderedDict()
         self.proven_seen_at = -math.inf  # when a peer with an accepted batch was last seen
+        self.proven: set[str] = set()  # peers with an accepted batch
         self.on_forget: Callable[[str], None] | None = None  # told of each peer dropped past max_peers
         # Changes whenever what admission sees changes (echo_learner.admission):
         # a peer new, forgotten or back after ``quiet_after_s``, a verdict.
         self.revision = 0
+        self.changes = Changes()  # peers seen, judged or forgotten (echo_learner.admission)
 
     def seen(self, peer: str) -> PeerStats:
         now = time.time()
@@ -123,11 +126,14 @@ class PeerBook:
             self.revision += 1
             while len(self.peers) > self.max_peers:
                 forgotten, _ = self.peers.popitem(last=False)
+                self.proven.discard(forgotten)
+                self.changes.note(forgotten)
                 if self.on_forget is not None:
                     self.on_forget(forgotten)
         elif stats.last_seen <= quiet_since:
             self.revision += 1
         stats.last_seen = now
+        self.changes.note(peer)
         self.peers.move_to_end(peer)
         if stats.accepted > 0:  # back after a quiet spell: counted above
             self.proven_seen_at = now
@@ -153,6 +159,7 @@ class PeerBook:
         self.revision += 1
         if reason == ACCEPTED:
             stats.accepted += 1
+            self.proven.add(peer)
             stats.lapses.clear()  # back at work: its outages were no dishonesty
             self.proven_seen_at = stats.last_seen
             stats.rollouts += rollouts
@@ -227,3 +234,24 @@ class PeerBook:
     def to_json(self) -> list[dict]:
         now = time.time()
         return [s.to_json(now) for s in reversed(self.peers.values())]
+
+
+class Newcomers:
+    """Peers with no accepted batch yet, while a peer that has one asked for
+    work within ``within_s``: the prompt pool hands them prompts beyond its
+    capacity (``PromptPool.newcomers``; echo_learner/fairness.py caps what
+    they hold together)."""
+
+    def __init__(self, book: PeerBook, within_s: float):
+        self.book = book
+        self.within_s = within_s
+
+    def __contains__(self, peer: object) -> bool:
+        return peer not in self.book.proven and self.book.any_proven_active(self.within_s)
+
+    def hold(self, held: Counter[str]) -> int:
+        """What they hold together, of ``held``: set operations, not a pass
+        in Python over every holder (a learner asks at every change of the pool)."""
+        if not self.book.any_proven_active(self.within_s):
+            return 0
+        return sum(map(held.__getitem__, held.keys() - self.book.proven))

@@ -19,7 +19,7 @@ reward (``echo_learner.selection``) far sooner than scores of different
 prompts can. Which prompts are twins nobody is told.
 
 Everything is bounded: ``capacity`` groups in flight or buffered (plus what
-``provisional`` peers hold), and at most ``memory`` assignments remembered
+what ``newcomers`` hold), and at most ``memory`` assignments remembered
 (older ones can only fail verification).
 """
 
@@ -31,9 +31,12 @@ import random
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import trio
 
+from echo_learner.changes import Changes
+from echo_learner.live_prompts import LivePrompts
 from echo_learner.tasks.base import TaskPrompt
 from echo_learner.trainer import ScoredGroup
 
@@ -66,14 +69,22 @@ class Rollouts:
 PromptFactory = Callable[[], tuple[TaskPrompt, tuple[int, ...]]]
 
 
-@dataclass(frozen=True)
-class _Tally:
-    """The live (unanswered, unexpired) prompts at a moment: per peer, how
-    many and since when it holds its oldest; and the next deadline."""
+class Newcomers(Protocol):
+    """The peers whose prompts are extra to the pool's capacity."""
 
-    held: Counter[str]
-    since: dict[str, float]
-    next_expiry: float
+    def __contains__(self, peer: object) -> bool: ...
+
+    def hold(self, held: Counter[str]) -> int:
+        """What they hold together, of ``held`` (prompts per peer)."""
+        ...
+
+
+class NoNewcomers:
+    def __contains__(self, peer: object) -> bool:
+        return False
+
+    def hold(self, held: Counter[str]) -> int:
+        return 0
 
 
 class PromptPool:
@@ -104,10 +115,9 @@ class PromptPool:
         # Prompts of this round (made for ``min_version`` or newer) ever
         # handed to each peer, kept as assignments change (``handed``).
         self._handed: Counter[str] = Counter()
-        # What ``_tally`` found, and until when it holds: every change of an
-        # assignment bumps ``_edits``; the next deadline changes what is live.
+        # Every change of an assignment bumps ``_edits``.
         self._edits = 0
-        self._tallied: tuple[int, float, _Tally] | None = None
+        self._live_prompts = LivePrompts()
         # The earliest deadline of an unanswered prompt whose lapse is not
         # charged yet (or earlier): before it, ``_charge_lapses`` has nothing to do.
         self._next_lapse = math.inf
@@ -123,7 +133,7 @@ class PromptPool:
         # which may never answer (the learner bounds how many they hold, see
         # echo_learner/fairness.py). They are handed prompts beyond capacity,
         # so a step never waits on them and they are never crowded out.
-        self.provisional: Callable[[str], bool] = lambda peer: False
+        self.newcomers: Newcomers = NoNewcomers()
 
     # --- handing out ---------------------------------------------------------
 
@@ -153,48 +163,36 @@ class PromptPool:
                 if not self._handed[peer]:
                     del self._handed[peer]
 
-    def _tally(self) -> _Tally:
-        """The live prompts now; one pass, shared by every question asked
-        before the next change (a crowd of waiting work requests asks them all
-        at each change)."""
-        now = trio.current_time()
-        if self._tallied is not None:
-            edits, until, tally = self._tallied
-            if edits == self._edits and now <= until:
-                return tally
-        held: Counter[str] = Counter()
-        since: dict[str, float] = {}
-        next_expiry = math.inf
-        for a in self.unanswered.values():
-            if self._live(a, now):
-                held[a.peer] += 1
-                since[a.peer] = min(since.get(a.peer, a.handed_at), a.handed_at)
-                next_expiry = min(next_expiry, a.deadline)
-        tally = _Tally(held, since, next_expiry)
-        self._tallied = (self._edits, next_expiry, tally)
-        return tally
+    def _live_now(self) -> LivePrompts:
+        self._live_prompts.expire(trio.current_time())
+        return self._live_prompts
 
     def held_since(self) -> dict[str, float]:
         """When each peer was handed the oldest live prompt it holds (trio
-        clock; shared until the next change: read it, do not change it)."""
-        return self._tally().since
+        clock; it changes with the pool: read it, do not change it)."""
+        return self._live_now().since
 
     def unassigned(self, held: Counter[str] | None = None) -> int:
         """Prompts the pool would still hand to peers that count against
         its capacity (sync: of this step; async: of what the buffer has room
         for). ``held``: ``held()``, if the caller has it at hand."""
         held = self.held() if held is None else held
-        counted = sum(n for holder, n in held.items() if not self.provisional(holder))
+        counted = self._live_prompts.total - self.newcomers.hold(held)
         return max(0, self.capacity - len(self.buffer) - counted)
 
     def next_expiry(self) -> float:
         """When the next live prompt expires (trio clock; ``inf``: none is live)."""
-        return self._tally().next_expiry
+        return self._live_now().next_expiry()
+
+    @property
+    def changes(self) -> Changes:
+        """The peers whose live prompts changed (``held``, ``held_since``)."""
+        return self._live_prompts.changes
 
     def held(self) -> Counter[str]:
-        """Live (unanswered, unexpired) prompts per peer (shared until the
-        next change: read it, do not change it)."""
-        return self._tally().held
+        """Live (unanswered, unexpired) prompts per peer (it changes with
+        the pool: read it, do not change it)."""
+        return self._live_now().held
 
     def take(self, peer: str, max_prompts: int, version: int) -> list[Assignment]:
         """Hand ``peer`` up to ``max_prompts`` prompts to roll out with ``version``.
@@ -206,7 +204,7 @@ class PromptPool:
             return []
         now = trio.current_time()
         self._charge_lapses(now)
-        provisional = self.provisional(peer)
+        provisional = peer in self.newcomers
         if provisional:
             room = max_prompts  # extra to the pool; the caller bounds what such peers hold
         else:
@@ -215,10 +213,10 @@ class PromptPool:
         # Expired, still useful prompts first: a slow node must not starve a
         # step. Never back to a peer that already let it lapse, nor to an
         # untried one (it may let it lapse again).
-        for a in self.unanswered.values() if not provisional else ():
+        for a in self._live_now().expired.values() if not provisional else ():
             if len(taken) >= room:
                 break
-            if not a.answered and a.deadline < now and a.version >= self.min_version and peer not in a.holders:
+            if peer not in a.holders:
                 taken.append(a)
 
         while len(taken) < room:
@@ -233,12 +231,15 @@ class PromptPool:
                 self._firsts.append(a)
             taken.append(a)
         for a in taken:
+            self._live_prompts.discard(a)
             self._count(a, -1)
             a.peer, a.version, a.handed_at, a.lapse_charged = peer, version, now, False
             a.deadline = now + self.assignment_timeout_s
             self._next_lapse = min(self._next_lapse, a.deadline)
             a.holders.append(peer)
             self._count(a, +1)
+            if a.version >= self.min_version:
+                self._live_prompts.add(a)
         self._forget(now)
         self._edits += 1
         return taken
@@ -275,12 +276,14 @@ class PromptPool:
             itertools.islice((pid for pid, a in self.assignments.items() if a.answered or a.deadline < now), excess)
         )
         for pid in done:
-            self._count(self.assignments.pop(pid), -1)
+            self._count(a := self.assignments.pop(pid), -1)
             self.unanswered.pop(pid, None)
+            self._live_prompts.discard(a)
         while len(self.assignments) > self.memory:  # all live: the bound still holds
             pid, a = self.assignments.popitem(last=False)
             self._count(a, -1)
             self.unanswered.pop(pid, None)
+            self._live_prompts.discard(a)
 
     def _charge_lapses(self, now: float) -> None:
         if now <= self._next_lapse:
@@ -312,6 +315,7 @@ class PromptPool:
             if self._live(a, now):
                 a.deadline = now - 1e-9
                 a.given_back.append(peer)
+                self._live_prompts.release(a)
             a.lapse_charged = True
         self._notify()
 
@@ -323,6 +327,7 @@ class PromptPool:
     def answer(self, assignment: Assignment, rollouts: Rollouts) -> None:
         assignment.answered = True
         self.unanswered.pop(assignment.prompt_id, None)
+        self._live_prompts.discard(assignment)
         self.buffer.append(rollouts)
         self._notify()
 
@@ -347,6 +352,7 @@ class PromptPool:
             self._handed = Counter()
             for a in self.assignments.values():
                 self._count(a, +1)
+            self._live_prompts.rebuild(self.unanswered.values(), min_version, trio.current_time())
         self._notify()
 
     async def wait_changed(self) -> None:

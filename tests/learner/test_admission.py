@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from echo_learner import admission, peers
-from echo_learner.admission import Admission, RoundModel
+from echo_learner.admission import Admission, RoundModel, Workers
 from echo_learner.peers import PeerBook
 from echo_learner.pool import PromptPool, Rollouts
 from echo_learner.sizing import Worker, prompts_for, round_end_s
@@ -43,6 +43,31 @@ def test_the_round_model_ends_the_round_when_round_end_s_does(workers, now, unas
     assert model.end_s(now, unassigned) == pytest.approx(expected, rel=1e-9, abs=1e-9)
 
 
+@given(
+    moves=st.lists(
+        st.tuples(st.sampled_from("abcdefgh"), st.one_of(st.none(), st.tuples(times, rates))), min_size=1, max_size=60
+    ),
+    now=times,
+    unassigned=st.integers(min_value=0, max_value=200),
+)
+def test_workers_kept_sorted_one_change_at_a_time_model_the_round_as_if_built_afresh(moves, now, unassigned):
+    workers, expected = Workers(), {}
+    for name, worker in moves:  # None: the worker leaves
+        if worker is None:
+            workers.remove(name)
+            expected.pop(name, None)
+        else:
+            workers.set(name, *worker)
+            expected[name] = worker
+        assert len(workers) == len(expected)
+    model = workers.model()
+    if not expected:
+        assert model is None
+        return
+    fresh = RoundModel([end for end, _ in expected.values()], [rate for _, rate in expected.values()])
+    assert model.end_s(now, unassigned) == pytest.approx(fresh.end_s(now, unassigned), rel=1e-9, abs=1e-9)
+
+
 class WallClock:
     """``time.time`` for the peer book and admission, moved by the test."""
 
@@ -64,7 +89,7 @@ def recomputed(pool: PromptPool, book: PeerBook, wall: float) -> dict:
             since[a.peer] = min(since.get(a.peer, a.handed_at), a.handed_at)
     active = [s for s in book.peers.values() if s.last_seen >= wall - DEADLINE_S]
     proven = {s.peer for s in active if s.accepted > 0}
-    unassigned = max(0, pool.capacity - len(pool.buffer) - sum(n for p, n in held.items() if not pool.provisional(p)))
+    unassigned = max(0, pool.capacity - len(pool.buffer) - sum(n for p, n in held.items() if p not in pool.newcomers))
     workers = []
     for s in active:
         if s.rate > 0:
@@ -104,9 +129,7 @@ async def test_every_kept_figure_equals_a_full_recomputation(seed, mock_clock, m
         memory=200,
     )
     book = PeerBook(strikes_to_ban=100, strike_window_s=60, ban_s=60, max_peers=40, quiet_after_s=DEADLINE_S)
-    pool.provisional = lambda p: (
-        (s := book.peers.get(p)) is None or (s.accepted == 0 and book.any_proven_active(DEADLINE_S))
-    )
+    pool.newcomers = peers.Newcomers(book, DEADLINE_S)
     view = Admission(pool, book, within_s=DEADLINE_S, group_size=GROUP_SIZE)
     names = [f"peer{i}" for i in range(rng.choice([3, 12, 50]))]
     version = 0
@@ -182,7 +205,7 @@ async def test_a_proven_peer_back_after_a_quiet_spell_makes_newcomers_extra_agai
     against the pool: its return alone, with no other change, must show."""
     pool = PromptPool(lambda: (TaskPrompt("abc", "cba"), (1, 2, 3)), capacity=8, assignment_timeout_s=30, memory=50)
     book = PeerBook(strikes_to_ban=3, strike_window_s=60, ban_s=60, max_peers=10, quiet_after_s=30)
-    pool.provisional = lambda p: book.peers[p].accepted == 0 and book.any_proven_active(30)
+    pool.newcomers = peers.Newcomers(book, 30)
     admissions = Admission(pool, book, within_s=30, group_size=4)
     pool.set_open(True)
     book.on_verdict("proven", ACCEPTED, 4, 12)

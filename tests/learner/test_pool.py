@@ -16,10 +16,23 @@ def pool(capacity: int) -> PromptPool:
     )
 
 
+class Prefixed:
+    """Newcomers: the peers whose names start with ``prefix``."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+
+    def __contains__(self, peer: object) -> bool:
+        return str(peer).startswith(self.prefix)
+
+    def hold(self, held: Counter[str]) -> int:
+        return sum(n for peer, n in held.items() if peer in self)
+
+
 async def test_prompts_held_by_provisional_peers_do_not_count_against_capacity():
     p = pool(4)
     p.set_open(True)
-    p.provisional = lambda peer: peer.startswith("new")
+    p.newcomers = Prefixed("new")
     assert len(p.take("newcomer", 2, version=0)) == 2  # may never answer
     assert len(p.take("honest", 8, version=0)) == 4  # the step still gets all it needs
     assert p.take("honest2", 8, version=0) == []  # and no more
@@ -36,7 +49,7 @@ async def test_without_provisional_peers_the_pool_is_bounded_by_capacity():
 async def test_an_expired_prompt_goes_to_a_proven_peer_not_to_a_newcomer(autojump_clock):
     p = pool(2)
     p.set_open(True)
-    p.provisional = lambda peer: peer.startswith("new")
+    p.newcomers = Prefixed("new")
     lapsed = {a.prompt_id for a in p.take("slow", 2, version=0)}
     await trio.sleep(61)  # past the assignment timeout (a mock clock: no real wait)
     assert not lapsed & {a.prompt_id for a in p.take("newcomer", 2, version=0)}
@@ -179,7 +192,7 @@ async def test_twins_go_to_two_peers_of_one_version_and_both_count():
     p = PromptPool(lambda: (TaskPrompt("q", ""), (1,)), capacity=16, assignment_timeout_s=60, memory=10**5,
                    twin_share=0.5, rng=random.Random(3))  # fmt: skip
     p.set_open(True)
-    p.provisional = lambda peer: True  # handed beyond capacity
+    p.newcomers = Prefixed("")  # everyone: handed beyond capacity
     handed = p.take("a", 2000, version=0)
     assert 900 < sum(a.twin is not None for a in handed) < 1100
     assert len(p._firsts) == 16
