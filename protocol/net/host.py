@@ -13,6 +13,8 @@
   (bench/swarm_load.py).
 - A stream to a peer whose every listed connection is closed dials afresh
   (``dial_past_closed_connections``).
+- A peer store sized to the connection cap that never evicts our own entry
+  (``OwnPeerStore``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.peer.peerstore import PeerStore
 from libp2p.rcmgr import ResourceManager, new_resource_manager
 from libp2p.rcmgr.connection_limits import ConnectionLimits
 from libp2p.rcmgr.manager import ResourceLimits
@@ -178,6 +181,7 @@ def make_host(
         muxer_opt=create_yamux_muxer_option(),
         connection_config=connections,
         resource_manager=resource_manager(connections),
+        peerstore_opt=OwnPeerStore(ID.from_pubkey(key_pair.public_key), connections.max_connections),
         # Pass the listen addresses here too, or their transport is skipped
         # silently (pitfall 11).
         listen_addrs=addrs,
@@ -195,6 +199,30 @@ def make_host(
         me = multiaddr.Multiaddr(f"/p2p/{identity.peer_id_str}")
         host.get_addrs = lambda: [*listen_addrs(), *(a.encapsulate(me) for a in extra_addrs())]  # type: ignore[method-assign]
     return host
+
+
+class OwnPeerStore(PeerStore):
+    """py-libp2p's peer store, holding at least twice our connection cap and
+    never evicting our own entry.
+
+    Past ``max_peers`` (1,000 by default) py-libp2p evicts the peers with no
+    address first, and our own entry (our keys, no address) is one of them:
+    the next DHT put asked the store for our private key, and a learner with
+    1,000 volunteers stopped with "peer ID not found" (bench/swarm_load.py
+    --levels 1000 --offered 37.5). Each eviction also sorts the whole store.
+    """
+
+    def __init__(self, me: ID, max_connections: int):
+        super().__init__(max_peers=max(2 * max_connections, PeerStore().max_peers))
+        self.me = me
+
+    def _enforce_peer_limit(self) -> None:
+        own = self.peer_data_map.pop(self.me, None)
+        try:
+            super()._enforce_peer_limit()
+        finally:
+            if own is not None:
+                self.peer_data_map[self.me] = own
 
 
 def dial_past_closed_connections(host: IHost) -> None:

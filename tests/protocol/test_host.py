@@ -202,3 +202,17 @@ async def test_a_stream_dials_afresh_while_a_closed_connection_is_still_listed()
             stream = await client.new_stream(target.peer_id, ["/test/1"])
             reply = await framing.receive(stream, ErrorReply)
         assert reply.message == "after the close"
+
+
+def test_a_host_keeps_its_own_keys_when_more_peers_are_known_than_its_store_holds():
+    """py-libp2p's peer store evicts peers with no address first once it is
+    full, and a host's own entry (its keys, no address) was one: a learner
+    with 1,000 volunteers then failed its next DHT put ("peer ID not found")."""
+    host = make_host(Identity.generate(), [LOOPBACK])
+    store = host.get_peerstore()
+    assert store.max_peers >= 2 * host.get_network().connection_config.max_connections
+    for i in range(store.max_peers + 10):
+        peer = Identity.generate().peer_id
+        store.add_addrs(peer, [parse_multiaddr(f"/ip4/127.0.{i // 250}.{i % 250 + 1}/tcp/4001")], 3600)
+    assert len(store.peer_ids()) <= store.max_peers + 1
+    assert host.get_private_key() is not None  # raised PeerStoreError before
