@@ -16,9 +16,9 @@ or with a new verdict), and time only where time changes them (the next
 prompt to expire, the next peer to fall quiet, the last proven peer falling
 quiet). After a change it brings them up to date peer by peer, for the peers
 the pool and the peer book say changed (``Changes``) and those fallen quiet,
-rather than rescanning every peer: a change of the pool, once per work
-request at least, cost 3.3 ms of learner CPU at 1,000 peers that way and
-0.14 ms this way (``bench/admission_cost.py``). The answers are exactly what a
+rather than rescanning every peer: a change of the pool (once per work
+request at least) costs 1.08 ms of learner CPU at 1,000 peers derived
+afresh and 0.18 ms this way (``bench/admission_cost.py``). The answers are exactly what a
 full recomputation gives at the same moment (tests/learner/test_admission.py
 checks every figure against one). The round's end depends on the moment as
 well; ``RoundModel`` holds the round sorted so that it is answered for any
@@ -216,9 +216,8 @@ class Admission:
                     changed.add(peer)
             for peer in changed:
                 self._update(peer, held, since, cutoff)
-        if len(self._quiet) > 2 * len(self._active) + 64:
-            self._quiet = [(seen_at, peer) for peer, seen_at in self._active.items()]
-            heapq.heapify(self._quiet)
+            if len(self._quiet) > 2 * len(self._active) + 64:  # mostly stale entries
+                self._heap_active()
 
         view = View(
             active=frozenset(self._active),
@@ -242,6 +241,10 @@ class Admission:
         self._active = {s.peer: s.last_seen for s in active}
         self._proven = {s.peer for s in active if s.accepted > 0}
         self._workers = Workers({s.peer: self._worker(s, held, since) for s in active if s.rate > 0})
+        self._heap_active()
+
+    def _heap_active(self) -> None:
+        """The quiet heap afresh: one entry per active peer."""
         self._quiet = [(seen_at, peer) for peer, seen_at in self._active.items()]
         heapq.heapify(self._quiet)
 

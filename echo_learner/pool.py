@@ -19,7 +19,7 @@ reward (``echo_learner.selection``) far sooner than scores of different
 prompts can. Which prompts are twins nobody is told.
 
 Everything is bounded: ``capacity`` groups in flight or buffered (plus what
-what ``newcomers`` hold), and at most ``memory`` assignments remembered
+``newcomers`` hold), and at most ``memory`` assignments remembered
 (older ones can only fail verification).
 """
 

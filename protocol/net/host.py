@@ -181,7 +181,7 @@ def make_host(
         muxer_opt=create_yamux_muxer_option(),
         connection_config=connections,
         resource_manager=resource_manager(connections),
-        peerstore_opt=OwnPeerStore(ID.from_pubkey(key_pair.public_key), connections.max_connections),
+        peerstore_opt=OwnPeerStore(identity.peer_id, connections.max_connections),
         # Pass the listen addresses here too, or their transport is skipped
         # silently (pitfall 11).
         listen_addrs=addrs,
