@@ -27,25 +27,25 @@ import trio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from echo_learner.admission import Admission  # noqa: E402
-from echo_learner.peers import Newcomers, PeerBook  # noqa: E402
-from echo_learner.pool import PromptPool  # noqa: E402
+from echo_learner.swarm.admission import Admission  # noqa: E402
+from echo_learner.swarm.peers import Newcomers, PeerBook  # noqa: E402
+from echo_learner.swarm.pool import PromptPool  # noqa: E402
 from echo_learner.tasks.base import TaskPrompt  # noqa: E402
-from echo_learner.verify import ACCEPTED  # noqa: E402
+from echo_learner.verify.verifier import ACCEPTED  # noqa: E402
 
 DEADLINE_S = 30.0
 GROUP_SIZE = 4
 
 
 def swarm(n: int) -> tuple[PromptPool, PeerBook, list[str]]:
+    book = PeerBook(strikes_to_ban=100, strike_window_s=60, ban_s=60, max_peers=2 * n, quiet_after_s=DEADLINE_S)
     pool = PromptPool(
         lambda: (TaskPrompt("abc", "cba"), (1, 2, 3)),
         capacity=4 * n,
         assignment_timeout_s=DEADLINE_S,
         memory=20 * n,
+        newcomers=Newcomers(book, DEADLINE_S),
     )
-    book = PeerBook(strikes_to_ban=100, strike_window_s=60, ban_s=60, max_peers=2 * n, quiet_after_s=DEADLINE_S)
-    pool.newcomers = Newcomers(book, DEADLINE_S)
     pool.set_open(True, min_version=0)
     names = [f"peer{i}" for i in range(n)]
     for name in names:

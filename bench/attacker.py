@@ -36,7 +36,8 @@ from libp2p.relay.circuit_v2.protocol_buffer import StatusCode  # noqa: E402
 from echo_node.config import NodeConfig  # noqa: E402
 from echo_node.node import Node  # noqa: E402
 from protocol import codec, manifest  # noqa: E402
-from protocol.broadcast.engine import PEER_ERRORS, BroadcastConfig, BroadcastEngine  # noqa: E402
+from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine  # noqa: E402
+from protocol.broadcast.state import PEER_ERRORS  # noqa: E402
 from protocol.broadcast.store import VersionStore  # noqa: E402
 from protocol.identity import Identity, load_or_create  # noqa: E402
 from protocol.ids import JOB_DIRECTORY_KEY, manifest_keys  # noqa: E402
@@ -268,8 +269,8 @@ async def _fake_holder(node: Node, answer) -> None:  # type: ignore[no-untyped-d
         async def download_nothing() -> None:  # it knows each manifest; that is all it needs
             await trio.sleep_forever()
 
-        engine._my_have = lambda: claim_everything(engine)  # type: ignore[method-assign]
-        engine._download_loop = download_nothing  # type: ignore[method-assign]
+        engine.haves.my_have = lambda: claim_everything(engine)
+        engine.downloads.loop = download_nothing  # type: ignore[method-assign]
         engine.server.answer = lambda stream, req: answer(engine, stream, req)  # type: ignore[method-assign]
         await nursery.start(engine.run)
         await trio.sleep_forever()
@@ -459,7 +460,7 @@ async def _leecher(node: Node, args: argparse.Namespace, learner_only: bool) -> 
                             nursery.start_soon(_pull_from, engine, peer, pulling)
                 await trio.sleep(0.5)  # neighbours come and go with no event to await
 
-        engine._download_loop = leech_neighbours  # type: ignore[method-assign]
+        engine.downloads.loop = leech_neighbours  # type: ignore[method-assign]
         await nursery.start(engine.run)
         nursery.start_soon(engine.connect, PeerInfo(node.learner, []))  # the learner as a neighbour at once
         await trio.sleep_forever()

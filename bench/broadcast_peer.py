@@ -235,12 +235,12 @@ def main() -> None:
             await answer(stream, req)
 
         def follow_without_downloading(m) -> None:
-            engine.target = m
-            engine._poke_local()  # announce it, and wake follow() to report it
+            engine.state.target = m
+            engine.state.poke_local()  # announce it, and wake follow() to report it
 
         engine.server.answer = silent
-        engine._my_have = lambda: claim_everything(engine)
-        engine._start_download = follow_without_downloading
+        engine.haves.my_have = lambda: claim_everything(engine)
+        engine.following.start_download = follow_without_downloading
 
     profile_to = os.environ.get("BENCH_PROFILE_DIR")
     if profile_to:  # where a node spends its CPU, for tuning the engine

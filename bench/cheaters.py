@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from cheats import CHEATS  # noqa: E402
 from localswarm import local_swarm  # noqa: E402
 
-from echo_learner.verify import STRIKES  # noqa: E402
+from echo_learner.verify.verifier import STRIKES  # noqa: E402
 from protocol.identity import load_or_create  # noqa: E402
 
 CHEATS_PY = str(Path(__file__).resolve().parent / "cheats.py")

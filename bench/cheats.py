@@ -230,7 +230,7 @@ def best_of(n: int) -> Callable[[], None]:
     def apply() -> None:
         from transformers import AutoTokenizer
 
-        from echo_learner.model import smollm2_path
+        from echo_learner.training.model import smollm2_path
         from echo_node.backend_llama import LlamaBackend
 
         path = smollm2_path()

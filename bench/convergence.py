@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from localswarm import SwarmError, local_swarm  # noqa: E402
 
-from echo_learner.verify import OUT_OF_WINDOW  # noqa: E402
+from echo_learner.verify.verifier import OUT_OF_WINDOW  # noqa: E402
 
 PUBLISH_EVERY = 3
 # Each mode stops at its plateau: once past the threshold, when the mean

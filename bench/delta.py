@@ -53,12 +53,12 @@ def grpo_versions(store, identity, args) -> dict:
     """Train and stage v0 (base), LoRA versions, then full-weight delta versions."""
     import torch
 
-    from echo_learner.logprobs import completion_logprobs
-    from echo_learner.lora import LoraSettings, state_bytes, wrap
-    from echo_learner.model import config_json, load_model, render_prompt, stop_ids, tokenizer_digest
-    from echo_learner.publishing import JobManifestFields, Publisher
+    from echo_learner.swarm.publishing import JobManifestFields, Publisher
     from echo_learner.tasks.registry import load_task
-    from echo_learner.trainer import Objective, ScoredGroup, Trainer
+    from echo_learner.training.logprobs import completion_logprobs
+    from echo_learner.training.lora import LoraSettings, state_bytes, wrap
+    from echo_learner.training.model import config_json, load_model, render_prompt, stop_ids, tokenizer_digest
+    from echo_learner.training.trainer import Objective, ScoredGroup, Trainer
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(2)

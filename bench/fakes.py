@@ -10,7 +10,7 @@ from protocol.wire.have import Have
 
 def claim_everything(engine: BroadcastEngine) -> Have:
     """A Have that names every chunk of the version ``engine`` follows,
-    whatever it holds (to replace ``engine._my_have``)."""
+    whatever it holds (to replace ``engine.haves.my_have``)."""
     m = engine.target
     if m is None:
         return Have(engine.job_id, -1, b"", b"")

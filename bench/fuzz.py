@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.fuzz_updates import PEAK_BOUNDS  # noqa: E402
 from bench.fuzz_updates import targets as update_targets  # noqa: E402
-from echo_learner.api import Server, _handle  # noqa: E402
+from echo_learner.operator.api import Server, _handle  # noqa: E402
 from echo_node.guard import Refused, model_shape, weight_elements  # noqa: E402
 from protocol import codec, framing, invite  # noqa: E402
 from protocol.broadcast import bitfield  # noqa: E402

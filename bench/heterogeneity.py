@@ -2,7 +2,7 @@
 
 Runs the same job twice as real processes on 127.0.0.1 (bootstrap, learner,
 4 nodes): once with the learner sizing each assignment to the node's measured
-throughput (``echo_learner/sizing.py``), once with every request given
+throughput (``echo_learner/swarm/sizing.py``), once with every request given
 --prompts-per-request (``--no-size-work``). The nodes' speeds differ by 20x:
 each generates no faster than its --speeds entry in tokens/s (the node's
 ``--emulate-tokens-per-s`` testing aid: a slower machine without using the

@@ -61,7 +61,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from localswarm import SwarmError, local_swarm  # noqa: E402
 
-from echo_learner.model import smollm2_path  # noqa: E402
+from echo_learner.training.model import smollm2_path  # noqa: E402
 from protocol import codec  # noqa: E402
 from protocol.wire.rollout import RolloutBatch  # noqa: E402
 
@@ -197,8 +197,8 @@ def node_tokens_per_s(model: str, backend: str, dtype: str, per: int, args, root
 
 
 def bench_model(label: str, model: str, sizes: list[int], args, root: Path) -> dict:
-    from echo_learner.model import config_json, load_model
-    from echo_learner.trainer import Objective, Trainer
+    from echo_learner.training.model import config_json, load_model
+    from echo_learner.training.trainer import Objective, Trainer
 
     policy, tokenizer = load_model(model)
     args.eos = tokenizer.eos_token_id

@@ -61,7 +61,8 @@ from echo_node.backend_torch import TorchBackend  # noqa: E402
 from echo_node.config import NodeConfig  # noqa: E402
 from echo_node.guard import Refused, check_assignment  # noqa: E402
 from echo_node.node import Node  # noqa: E402
-from protocol.broadcast.engine import PEER_ERRORS, VersionTooLarge  # noqa: E402
+from protocol.broadcast.following import VersionTooLarge  # noqa: E402
+from protocol.broadcast.state import PEER_ERRORS  # noqa: E402
 from protocol.errors import ProtocolError  # noqa: E402
 from protocol.identity import Identity  # noqa: E402
 from protocol.messages import UNSIGNED, ErrorReply  # noqa: E402

@@ -47,8 +47,8 @@ import torch  # noqa: E402
 from safetensors.numpy import load  # noqa: E402
 from safetensors.torch import save  # noqa: E402
 
-from echo_learner.lora import state_bytes  # noqa: E402
-from echo_learner.model import config_json, load_model  # noqa: E402
+from echo_learner.training.lora import state_bytes  # noqa: E402
+from echo_learner.training.model import config_json, load_model  # noqa: E402
 from echo_node.backend_llama import GGML_TYPE_F32, LlamaBackend  # noqa: E402
 from echo_node.device import default_threads  # noqa: E402
 from protocol.models.gguf_export import write_gguf  # noqa: E402

@@ -54,11 +54,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from localswarm import local_swarm  # noqa: E402
 from plausibility import EOS, GROUP, PAD, as_batch, backend_for, prompts_for  # noqa: E402
 
-from echo_learner.lora import state_bytes  # noqa: E402
-from echo_learner.model import config_json  # noqa: E402
-from echo_learner.recompute import logprob_error  # noqa: E402
-from echo_learner.tolerance import tolerance  # noqa: E402
-from echo_learner.verify import check_logprobs  # noqa: E402
+from echo_learner.training.lora import state_bytes  # noqa: E402
+from echo_learner.training.model import config_json  # noqa: E402
+from echo_learner.verify.recompute import logprob_error  # noqa: E402
+from echo_learner.verify.tolerance import tolerance  # noqa: E402
+from echo_learner.verify.verifier import check_logprobs  # noqa: E402
 from protocol import codec  # noqa: E402
 from protocol.messages import Manifest  # noqa: E402
 from tests.families import FAMILIES, tiny_model  # noqa: E402
@@ -118,7 +118,7 @@ def save_qwen3_0_6b(directory: Path) -> int:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from echo_learner.model import build_tokenizer
+    from echo_learner.training.model import build_tokenizer
 
     config = AutoConfig.for_model("qwen3", **QWEN3_0_6B, dtype="bfloat16")
     torch.manual_seed(0)
@@ -173,9 +173,9 @@ def train_step_s(model_dir: Path, max_new_tokens: int, steps: int = 3) -> float:
     seconds, in this process with one thread as the swarm's learner."""
     import torch
 
-    from echo_learner.lora import LoraSettings, wrap
-    from echo_learner.model import load_model
-    from echo_learner.trainer import Objective, ScoredGroup, Trainer
+    from echo_learner.training.lora import LoraSettings, wrap
+    from echo_learner.training.model import load_model
+    from echo_learner.training.trainer import Objective, ScoredGroup, Trainer
 
     torch.set_num_threads(1)
     model, _ = load_model(str(model_dir))

@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from echo_learner.lora import state_bytes  # noqa: E402
-from echo_learner.model import build_model, build_tokenizer, config_json, render_prompt  # noqa: E402
 from echo_learner.tasks.reverse import ReverseTask  # noqa: E402
-from echo_learner.trainer import Objective, ScoredGroup, Trainer  # noqa: E402
+from echo_learner.training.lora import state_bytes  # noqa: E402
+from echo_learner.training.model import build_model, build_tokenizer, config_json, render_prompt  # noqa: E402
+from echo_learner.training.trainer import Objective, ScoredGroup, Trainer  # noqa: E402
 from echo_node.backend_torch import TorchBackend  # noqa: E402
 
 PROMPTS, GROUP = 16, 16  # the learner's defaults: prompts per step, completions per prompt

@@ -3,10 +3,10 @@
 For each backend and dtype the learner accepts (torch f32, f16, bf16; llama.cpp
 f32, f16 and q8_0 when llama-cpp-python is installed), real rollouts are
 sampled from a model on ``--device`` (the CPU by default; a GPU to calibrate
-its tolerances, echo_learner/tolerance.py) and judged exactly as a learner
+its tolerances, echo_learner/verify/tolerance.py) and judged exactly as a learner
 judges them: the per-batch bounds (``logprob_error`` + ``check_logprobs``
 with the tolerance of the declared backend, dtype and device) and the
-evidence over all of one node's batches (``echo_learner.evidence``: the
+evidence over all of one node's batches (``echo_learner.verify.evidence``: the
 precision test against the declared arithmetic, recomputed for the batches the
 learner would pick, and the sampler tests). Any refusal is a false reject.
 
@@ -48,14 +48,14 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from echo_learner.emulate import Emulations, can_emulate  # noqa: E402
-from echo_learner.evidence import SAMPLER_TESTS, EvidenceBook, EvidenceLimits  # noqa: E402
-from echo_learner.logprobs import grouped_logprobs  # noqa: E402
-from echo_learner.lora import state_bytes  # noqa: E402
-from echo_learner.model import ModelShape, build_model, config_json  # noqa: E402
-from echo_learner.recompute import logprob_error  # noqa: E402
-from echo_learner.tolerance import tolerance  # noqa: E402
-from echo_learner.verify import check_logprobs  # noqa: E402
+from echo_learner.training.logprobs import grouped_logprobs  # noqa: E402
+from echo_learner.training.lora import state_bytes  # noqa: E402
+from echo_learner.training.model import ModelShape, build_model, config_json  # noqa: E402
+from echo_learner.verify.emulate import Emulations, can_emulate  # noqa: E402
+from echo_learner.verify.evidence import SAMPLER_TESTS, EvidenceBook, EvidenceLimits  # noqa: E402
+from echo_learner.verify.recompute import logprob_error  # noqa: E402
+from echo_learner.verify.tolerance import tolerance  # noqa: E402
+from echo_learner.verify.verifier import check_logprobs  # noqa: E402
 from protocol.messages import UNSIGNED  # noqa: E402
 from protocol.wire.rollout import Completion, RolloutBatch, RolloutGroup  # noqa: E402
 
@@ -103,8 +103,8 @@ def subject(name: str, work_dir: Path) -> Subject:
     if name == "builtin":
         return Subject(name, versions(), prompts_for, PAD, (EOS,))
     if name == "smollm2":
-        from echo_learner.model import load_model, render_prompt, stop_ids
         from echo_learner.tasks.registry import load_task
+        from echo_learner.training.model import load_model, render_prompt, stop_ids
 
         model, tokenizer = load_model("smollm2")
         task = load_task(MATH)

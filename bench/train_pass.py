@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from echo_learner import logprobs  # noqa: E402
-from echo_learner.model import load_model  # noqa: E402
+from echo_learner.training import logprobs  # noqa: E402
+from echo_learner.training.model import load_model  # noqa: E402
 
 
 def main() -> int:

@@ -99,8 +99,8 @@ def trl_worker(job: Job, out: Path) -> None:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from echo_learner.model import load_model, render_prompt, smollm2_path
     from echo_learner.tasks.registry import load_task
+    from echo_learner.training.model import load_model, render_prompt, smollm2_path
 
     started_cpu, started = time.process_time(), time.monotonic()
     task = load_task(job.task)

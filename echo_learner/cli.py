@@ -39,6 +39,19 @@ def build_parser() -> Parser:
         "each new version to the swarm.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    _add_run(commands)
+    _add_invite(commands)
+    _add_readers(commands)
+    _add_export(commands)
+    _add_tasks(commands)
+    _add_eval(commands)
+    return parser
+
+
+Commands = argparse._SubParsersAction  # what add_subparsers returns
+
+
+def _add_run(commands: Commands) -> None:
     run = commands.add_parser(
         "run",
         help="train and serve until --steps are done (Ctrl-C stops early)",
@@ -49,17 +62,21 @@ def build_parser() -> Parser:
     add_arguments(run, LearnerConfig)
     run.add_argument("-v", "--verbose", action="store_true", help="log every step and refusal")
 
-    def reader(name: str, help_text: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument(
-            "--data-dir",
-            type=Path,
-            default=default_data_dir(),
-            help=f"the learner's data dir (default: {default_data_dir()})",
-        )
-        sub.add_argument("--json", action="store_true", help="print JSON instead of a table")
-        return sub
 
+def _add_reader(commands: Commands, name: str, help_text: str) -> argparse.ArgumentParser:
+    """A command that reads the learner's data dir (or its running API)."""
+    sub = commands.add_parser(name, help=help_text, description=help_text)
+    sub.add_argument(
+        "--data-dir",
+        type=Path,
+        default=default_data_dir(),
+        help=f"the learner's data dir (default: {default_data_dir()})",
+    )
+    sub.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return sub
+
+
+def _add_invite(commands: Commands) -> None:
     invite = commands.add_parser(
         "invite",
         help="print one line a volunteer pastes to join: echo-node join <invite>",
@@ -84,14 +101,20 @@ def build_parser() -> Parser:
         help="a bootstrap peer to add to those the learner runs with; repeatable",
     )
     invite.set_defaults(url=None)  # the running learner's API is found through --data-dir
+
+
+def _add_readers(commands: Commands) -> None:
     for name, help_text in (
         ("status", "show the running learner's job, progress and capacity model"),
         ("peers", "list the nodes the running learner knows"),
     ):
-        sub = reader(name, help_text)
+        sub = _add_reader(commands, name, help_text)
         sub.add_argument("--url", default=None, help="status API URL (default: read from --data-dir)")
-    ledger = reader("ledger", "print the contributor leaderboard from the ledger")
+    ledger = _add_reader(commands, "ledger", "print the contributor leaderboard from the ledger")
     ledger.add_argument("--limit", type=int, default=20, help="rows to show (default: 20)")
+
+
+def _add_export(commands: Commands) -> None:
     export = commands.add_parser(
         "export",
         help="write the trained model as a Hugging Face directory and a GGUF file",
@@ -105,6 +128,9 @@ def build_parser() -> Parser:
         "--gguf-dtype", choices=("f32", "f16", "q8_0"), default="f16", help="weights of the GGUF file (default: f16)"
     )
     export.add_argument("--data-dir", type=Path, default=default_data_dir(), help="the learner's data dir")
+
+
+def _add_tasks(commands: Commands) -> None:
     tasks = commands.add_parser(
         "tasks",
         help="list the tasks --task can name, or show a few prompts of one",
@@ -116,6 +142,9 @@ def build_parser() -> Parser:
     tasks.add_argument("-n", type=int, default=3, help="prompts to show (default: 3)")
     tasks.add_argument("--seed", type=int, default=0, help="seed to draw them with (default: 0)")
     tasks.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _add_eval(commands: Commands) -> None:
     evaluate = commands.add_parser(
         "eval",
         help="score the newest checkpoint (or --base) on the task's held-out prompts",
@@ -143,7 +172,6 @@ def build_parser() -> Parser:
         "--temperature", type=float, default=0.0, help="temperature of the pass@1 samples (default: the run's)"
     )
     evaluate.add_argument("--json", action="store_true", help="print JSON")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -156,15 +184,15 @@ def main(argv: list[str] | None = None) -> None:
         config = resolve_or_exit(PROG, LearnerConfig, args, ENV_PREFIX)
         run(config, verbose=args.verbose)
     elif args.command == "invite":
-        from echo_learner import invite
+        from echo_learner.operator import invite
 
         invite.command(args, PROG)
     elif args.command in ("status", "peers"):
-        from echo_learner import status_view
+        from echo_learner.operator import status_view
 
         status_view.command(args, PROG)
     elif args.command == "ledger":
-        from echo_learner import leaderboard
+        from echo_learner.operator import leaderboard
 
         leaderboard.command(args, PROG)
     elif args.command == "tasks":
@@ -172,11 +200,11 @@ def main(argv: list[str] | None = None) -> None:
 
         listing.command(args, PROG)
     elif args.command == "eval":
-        from echo_learner import evaluate
+        from echo_learner.training import evaluate
 
         evaluate.command(args, PROG)
     else:
-        from echo_learner import export
+        from echo_learner.training import export
 
         export.command(args, PROG)
 
@@ -187,13 +215,13 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
     logs.setup(verbose)
     malloc.limit_arenas()  # before torch and trio start threads
 
-    from echo_learner.checkpoint import CheckpointError
-    from echo_learner.device import DeviceUnavailable
-    from echo_learner.model import ModelError, locate
     from echo_learner.service import Learner, StartError, check_data_dir
     from echo_learner.tasks.base import TaskError
     from echo_learner.tasks.registry import load_task
-    from echo_learner.train_group import TrainGroupError
+    from echo_learner.training.checkpoint import CheckpointError
+    from echo_learner.training.device import DeviceUnavailable
+    from echo_learner.training.model import ModelError, locate
+    from echo_learner.training.train_group import TrainGroupError
     from protocol.identity import Identity, load_or_exit, save
     from protocol.net.host import BadMultiaddr, check_addrs, check_tcp_listen
     from protocol.net.swarm import BootstrapUnreachable

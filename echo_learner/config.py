@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +72,7 @@ class LearnerConfig(ConnectionSettings):
     newcomer_share: float = setting(
         0.25,
         "share of the prompt pool that peers with no accepted batch yet hold between them "
-        "while proven peers ask for work (echo_learner/fairness.py)",
+        "while proven peers ask for work (echo_learner/swarm/fairness.py)",
         lo=0.0,
         hi=1.0,
     )
@@ -310,6 +311,13 @@ class LearnerConfig(ConnectionSettings):
         "(default: a random one, printed in the status page's URL)",
     )
     capacity_window_s: float = setting(60.0, "utilization is measured over this many recent seconds", lo=1)
+
+    def for_answers_of(self, max_new_tokens: int) -> LearnerConfig:
+        """This config with the defaults that depend on the task's answer
+        budget filled in: ``assignment_timeout_s`` (0: 30 s plus 0.5 s a token)."""
+        if self.assignment_timeout_s:
+            return self
+        return dataclasses.replace(self, assignment_timeout_s=30 + 0.5 * max_new_tokens)
 
     def job_for(self, learner_id: str) -> str:
         """The job id this learner announces (``--job-id`` or ``<task>-<short peer id>``)."""

@@ -10,7 +10,7 @@ Credit rule: one credit per completion token of an accepted batch (every
 token was verified against the learner's own log-probs and scored by the
 learner), counting a completion repeated within its group once; a refused
 batch earns nothing. A peer caught generating otherwise than it declares
-(``echo_learner.evidence``) forfeits all its credit: one row in
+(``echo_learner.verify.evidence``) forfeits all its credit: one row in
 ``forfeits``, which the leaderboard subtracts (its verdict rows and the
 receipts behind them stay as they were).
 """

@@ -4,7 +4,7 @@ One nursery (the host's) owns everything. ``run`` reads top to bottom: open
 the ledger, start fresh or resume from the checkpoint, join the swarm, start
 the status API, publish the first version, announce the job, then train step
 by step. Nodes take prompts from the pool through the work protocol and return
-signed rollouts through the rollout protocol (``echo_learner.ingest``); a
+signed rollouts through the rollout protocol (``echo_learner.swarm.ingest``); a
 step takes a batch of verified groups from the pool, trains (in a worker
 thread) and, every ``publish_every`` steps, publishes the next version.
 """
@@ -12,6 +12,7 @@ thread) and, every ``publish_every`` steps, publishes the next version.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -23,20 +24,28 @@ from typing import Any
 
 import torch
 import trio
-from libp2p.abc import INetStream
+from libp2p.abc import IHost, INetStream
 from libp2p.peer.id import ID
 
-from echo_learner import checkpoint
-from echo_learner.bootstrap_probe import BootstrapProbe
-from echo_learner.capacity import CapacityMeter
 from echo_learner.config import LearnerConfig
-from echo_learner.device import choose as choose_device
-from echo_learner.directory import JobDirectory
-from echo_learner.heldout import HeldoutMonitor
-from echo_learner.ingest import Ingest, now_ms
-from echo_learner.job_bounds import check_answers_fit, check_prompts_fit
 from echo_learner.ledger import Ledger
-from echo_learner.lora import (
+from echo_learner.metrics import LearnerMetrics
+from echo_learner.swarm.bootstrap_probe import BootstrapProbe
+from echo_learner.swarm.capacity import CapacityMeter
+from echo_learner.swarm.directory import JobDirectory
+from echo_learner.swarm.ingest import Ingest, now_ms
+from echo_learner.swarm.job_bounds import check_answers_fit, check_prompts_fit
+from echo_learner.swarm.pacing import Pacing
+from echo_learner.swarm.peers import Newcomers, PeerBook
+from echo_learner.swarm.pool import PromptPool
+from echo_learner.swarm.publishing import JobManifestFields, Publisher
+from echo_learner.swarm.receipt_pages import PageBudget, ReceiptPages
+from echo_learner.tasks.base import Task, TaskPrompt
+from echo_learner.tasks.registry import load_task
+from echo_learner.training import checkpoint
+from echo_learner.training.device import choose as choose_device
+from echo_learner.training.heldout import HeldoutMonitor
+from echo_learner.training.lora import (
     LoraSettings,
     adapter_of,
     adapter_state,
@@ -45,18 +54,10 @@ from echo_learner.lora import (
     state_bytes,
     wrap,
 )
-from echo_learner.metrics import LearnerMetrics
-from echo_learner.model import config_json, describe, load_model, render_prompt, stop_ids, tokenizer_digest
-from echo_learner.pacing import Pacing
-from echo_learner.peers import PeerBook
-from echo_learner.pool import PromptPool
-from echo_learner.publishing import JobManifestFields, Publisher
-from echo_learner.receipt_pages import PageBudget, ReceiptPages
-from echo_learner.tasks.base import Task, TaskPrompt
-from echo_learner.tasks.registry import load_task
-from echo_learner.train_group import TrainGroup, check_train_procs
-from echo_learner.trainer import Objective, StepStats, Trainer
-from echo_learner.verify import Limits, Policies, Verifier
+from echo_learner.training.model import config_json, describe, load_model, render_prompt, stop_ids, tokenizer_digest
+from echo_learner.training.train_group import TrainGroup, check_train_procs
+from echo_learner.training.trainer import Objective, StepStats, Trainer
+from echo_learner.verify.verifier import Limits, Policies, Verifier
 from protocol import codec
 from protocol.broadcast import bitfield
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
@@ -101,29 +102,14 @@ def check_data_dir(config: LearnerConfig) -> None:
 
 class Learner:
     def __init__(self, config: LearnerConfig, identity: Identity, task: Task | None = None):
-        self.config = config
         self.identity = identity
         self.me = identity.peer_id_str
-        self.job_id = config.job_for(self.me)
         self.task = task or load_task(config.task)
-        self.rng = random.Random(config.seed)
-        torch.set_num_threads(config.torch_threads)
-        torch.manual_seed(config.seed)
-        self.device, why_device = choose_device(config.device)  # DeviceUnavailable before anything is written
-        if config.train_procs > 1:
-            check_train_procs(config.train_procs, self.device)
-        model, self.tokenizer = load_model(config.model, config.seed)
-        self.lora = LoraSettings.from_config(config, model)
-        frozen_base = None
-        if self.lora is not None:
-            frozen_base = state_bytes(model)  # what nodes fetch once; adapters apply to it
-            model = wrap(model, self.lora)
-        self.model = model.to(self.device)
-        event(log, logging.INFO, "training on", device=str(self.device), why=why_device)
         self.max_new_tokens = config.max_new_tokens or self.task.max_new_tokens
-        if not config.assignment_timeout_s:
-            config = dataclasses.replace(config, assignment_timeout_s=30 + 0.5 * self.max_new_tokens)
-            self.config = config
+        self.config = config = config.for_answers_of(self.max_new_tokens)
+        self.job_id = config.job_for(self.me)
+        self.rng = random.Random(config.seed)
+        frozen_base = self._load_policy()  # DeviceUnavailable before anything is written
         self.system_prompt = config.system_prompt or self.task.system_prompt
         check_answers_fit(
             config.prompts_per_request, config.group_size, self.max_new_tokens, self.model.config.vocab_size
@@ -156,6 +142,51 @@ class Learner:
         )
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(config.ledger_path)
+        self.version = -1
+        self.step = 0
+        self.checkpointed_step = 0  # the step the checkpoint on disk holds
+        self.started = time.time()
+        self.history: deque[dict] = deque(maxlen=HISTORY_STEPS)
+        # Started by run(), once the swarm is joined.
+        self.swarm: Swarm | None = None
+        self.directory: JobDirectory | None = None
+        self.bootstrap_probe: BootstrapProbe | None = None
+        self.engine: BroadcastEngine | None = None
+        self.addrs: list[str] = []
+        self.bytes_published = 0
+        self._build_serving()
+
+    def _load_policy(self) -> bytes | None:
+        """The policy on its device, its tokenizer and LoRA settings; the frozen
+        base's bytes when training a LoRA adapter (what nodes fetch once)."""
+        config = self.config
+        torch.set_num_threads(config.torch_threads)
+        torch.manual_seed(config.seed)
+        self.device, why_device = choose_device(config.device)
+        if config.train_procs > 1:
+            check_train_procs(config.train_procs, self.device)
+        model, self.tokenizer = load_model(config.model, config.seed)
+        self.lora = LoraSettings.from_config(config, model)
+        frozen_base = None
+        if self.lora is not None:
+            frozen_base = state_bytes(model)
+            model = wrap(model, self.lora)
+        self.model = model.to(self.device)
+        event(log, logging.INFO, "training on", device=str(self.device), why=why_device)
+        return frozen_base
+
+    def _build_serving(self) -> None:
+        """What serves the nodes: peers, the prompt pool, the verifier and the
+        protocol handlers over them, the meters that pace the job."""
+        config = self.config
+        self.peers = PeerBook(
+            strikes_to_ban=config.strikes_to_ban,
+            strike_window_s=config.strike_window_s,
+            ban_s=config.ban_s,
+            max_peers=config.max_peers_tracked,
+            quiet_after_s=config.assignment_timeout_s,
+            on_forget=self._release_connection,
+        )
         groups = config.prompts_per_step
         capacity = groups if config.mode == "sync" else groups * config.buffer_steps
         self.pool = PromptPool(
@@ -164,23 +195,13 @@ class Learner:
             assignment_timeout_s=config.assignment_timeout_s,
             memory=capacity * 4 + 256,
             twin_share=config.twin_share if config.selection_limit else 0.0,
+            on_lapsed=functools.partial(self.peers.lapsed, deadline_s=config.assignment_timeout_s),
+            newcomers=Newcomers(self.peers, config.assignment_timeout_s),
         )
         self.policies = Policies(keep=config.window + 1)
-        self.peers = PeerBook(
-            strikes_to_ban=config.strikes_to_ban,
-            strike_window_s=config.strike_window_s,
-            ban_s=config.ban_s,
-            max_peers=config.max_peers_tracked,
-            quiet_after_s=config.assignment_timeout_s,
-        )
         self.bans = PeerBans(max_peers=config.max_peers_tracked)
         self.metrics = LearnerMetrics(self.status)
         self.meter = CapacityMeter(config.capacity_window_s, self.metrics.timings)
-        self.version = -1
-        self.step = 0
-        self.checkpointed_step = 0  # the step the checkpoint on disk holds
-        self.started = time.time()
-        self.history: deque[dict] = deque(maxlen=HISTORY_STEPS)
         self.pacing = Pacing(config, self.meter, self.peers)
         self.verifier = Verifier(
             config,
@@ -203,7 +224,7 @@ class Learner:
         )
         self.ingest = Ingest(
             config,
-            identity,
+            self.identity,
             verifier=self.verifier,
             task=self.task,
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
@@ -217,12 +238,11 @@ class Learner:
                 per_s=config.receipt_pages_per_s, burst=config.receipt_pages_burst, max_peers=config.max_peers_tracked
             ),
         )
-        self.swarm: Swarm | None = None
-        self.directory: JobDirectory | None = None
-        self.bootstrap_probe: BootstrapProbe | None = None
-        self.engine: BroadcastEngine | None = None
-        self.addrs: list[str] = []
-        self.bytes_published = 0
+
+    def _release_connection(self, peer: str) -> None:
+        """A peer the book forgot: its connection is no longer kept open for it."""
+        if self.swarm is not None:
+            release_connection(self.swarm.host, ID.from_base58(peer))
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -274,7 +294,7 @@ class Learner:
         holds every verdict already answered, and a checkpoint is written on
         the way out if steps were trained since the last one.
         """
-        from echo_learner.api import serve_api  # the HTTP server, only when running
+        from echo_learner.operator.api import serve_api  # the HTTP server, only when running
 
         cfg = self.config
         try:
@@ -295,36 +315,8 @@ class Learner:
                 )
                 await nursery.start(self.bootstrap_probe.run)
                 host = swarm.host
-                self.peers.on_forget = lambda peer: release_connection(host, ID.from_base58(peer))
-                timeout_s = cfg.request_timeout_s
-                for protocol, handler, kept in (  # kept: one exchange after another on a stream
-                    (work.PROTOCOL, self._handle_work, True),
-                    (work.PROTOCOL_1_4, self._handle_work, False),
-                    (rollout.PROTOCOL, self.ingest.handle_rollouts, True),
-                    (rollout.PROTOCOL_1_1, self.ingest.handle_rollouts, False),
-                    (receipts.PROTOCOL, self._handle_receipts, False),
-                ):
-                    shut_out = self._shutting_out_banned(handler, nursery)
-                    if kept:
-                        host.set_stream_handler(protocol, serve_kept(protocol, shut_out, timeout_s, KEPT_IDLE_S))
-                    else:
-                        host.set_stream_handler(protocol, serve(protocol, shut_out, timeout_s))
-                # The learner seeds each version into the swarm's broadcast.
-                weights_dir = cfg.data_dir / "weights" / self.job_id
-                store = VersionStore(weights_dir, learner_id=self.me, keep=cfg.keep_versions)
-                self.engine = BroadcastEngine(
-                    swarm,
-                    store,
-                    job_id=self.job_id,
-                    learner_id=self.me,
-                    is_seed=True,
-                    config=BroadcastConfig(max_upload_mbit=cfg.max_upload_mbit),
-                    variants=VersionStore(weights_dir / "variants", learner_id=self.me, keep=cfg.keep_versions),
-                )
-                self.engine.have_listener = self._on_have
-                self.publisher.adopt_base(store)
-                await self._publish_variants()
-                await nursery.start(self.engine.run)
+                self._serve_protocols(host, nursery)
+                await self._start_broadcast(swarm, nursery)
                 nursery.start_soon(self.heldout.run)
                 nursery.start_soon(self.verifier.recomputer.run)
                 nursery.start_soon(self.ingest.lag.run)
@@ -353,9 +345,45 @@ class Learner:
                         await trio.to_thread.run_sync(self.trainer.close)
                     self.ledger.close()
 
+    def _serve_protocols(self, host: IHost, nursery: trio.Nursery) -> None:
+        """Answer work, rollout and receipt requests (the kept versions carry
+        one exchange after another on a stream; the older ones one each)."""
+        timeout_s = self.config.request_timeout_s
+        for protocol, handler, kept in (
+            (work.PROTOCOL, self._handle_work, True),
+            (work.PROTOCOL_1_4, self._handle_work, False),
+            (rollout.PROTOCOL, self.ingest.handle_rollouts, True),
+            (rollout.PROTOCOL_1_1, self.ingest.handle_rollouts, False),
+            (receipts.PROTOCOL, self._handle_receipts, False),
+        ):
+            shut_out = self._shutting_out_banned(handler, nursery)
+            if kept:
+                host.set_stream_handler(protocol, serve_kept(protocol, shut_out, timeout_s, KEPT_IDLE_S))
+            else:
+                host.set_stream_handler(protocol, serve(protocol, shut_out, timeout_s))
+
+    async def _start_broadcast(self, swarm: Swarm, nursery: trio.Nursery) -> None:
+        """The learner seeds each version into the swarm's broadcast."""
+        cfg = self.config
+        weights_dir = cfg.data_dir / "weights" / self.job_id
+        store = VersionStore(weights_dir, learner_id=self.me, keep=cfg.keep_versions)
+        self.engine = BroadcastEngine(
+            swarm,
+            store,
+            job_id=self.job_id,
+            learner_id=self.me,
+            is_seed=True,
+            config=BroadcastConfig(max_upload_mbit=cfg.max_upload_mbit),
+            variants=VersionStore(weights_dir / "variants", learner_id=self.me, keep=cfg.keep_versions),
+            have_listener=self._on_have,
+        )
+        self.publisher.adopt_base(store)
+        await self._publish_variants()
+        await nursery.start(self.engine.run)
+
     def _make_trainer(self) -> Trainer | TrainGroup:
         """The GRPO trainer: in this process, or ``--train-procs`` FSDP ranks
-        under torchrun (``echo_learner.train_group``) that start from this
+        under torchrun (``echo_learner.training.train_group``) that start from this
         process's model."""
         cfg = self.config
         objective = Objective(

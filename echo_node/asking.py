@@ -19,7 +19,7 @@ from libp2p.peer.id import ID
 
 from echo_node.config import NodeConfig
 from echo_node.guard import Refused
-from protocol.broadcast.engine import VersionTooLarge
+from protocol.broadcast.following import VersionTooLarge
 from protocol.errors import ProtocolError
 from protocol.messages import ErrorReply
 from protocol.process.logs import event

@@ -38,7 +38,7 @@ class BackendSpec:
     """What the node knows of a backend before running it, kept in the
     backend's own module (its ``SPEC``; ``echo_node.backend_choice`` lists
     them). Adding a backend is one such module, plus the learner's tolerance
-    rows for its dtypes (``echo_learner/tolerance.py``)."""
+    rows for its dtypes (``echo_learner/verify/tolerance.py``)."""
 
     name: str  # as rollouts declare it; the learner's tolerance rows use it
     title: str  # for people: "llama.cpp"

@@ -80,7 +80,7 @@ class TorchBackend:
         torch.set_num_threads(threads)
         self.device = device or cpu()
         # The learner knows each (backend, dtype, device)'s rounding and
-        # allows for it (echo_learner/tolerance.py); the log-probs nodes
+        # allows for it (echo_learner/verify/tolerance.py); the log-probs nodes
         # report come from the logits in this dtype.
         self.dtype = auto_dtype(self.device) if dtype == "auto" else dtype
         self._torch_dtype = TORCH_DTYPES[self.dtype]

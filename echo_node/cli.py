@@ -23,6 +23,15 @@ def build_parser() -> Parser:
         "to the job's learner, which credits verified work.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    _add_join(commands)
+    _add_credits_and_doctor(commands)
+    _add_jobs(commands)
+    _add_status(commands)
+    add_service_commands(commands)
+    return parser
+
+
+def _add_join(commands: argparse._SubParsersAction) -> None:
     join = commands.add_parser(
         "join",
         help="join the swarm and work until Ctrl-C",
@@ -37,22 +46,27 @@ def build_parser() -> Parser:
     add_arguments(join, NodeConfig)
     join.add_argument("-v", "--verbose", action="store_true", help="log each step of the work loop")
 
-    def joining_command(name: str, help_text: str, description: str) -> None:
-        """A command that joins the swarm briefly, with join's settings and --json."""
-        sub = commands.add_parser(name, help=help_text, description=description)
-        sub.add_argument("invite", nargs="?", default=None, help="the invite the node joins with (echo1:...)")
-        add_arguments(sub, NodeConfig)
-        sub.add_argument("--json", action="store_true", help="print JSON")
-        sub.add_argument("-v", "--verbose", action="store_true", help="log details")
 
-    joining_command(
+def _add_joining_command(commands: argparse._SubParsersAction, name: str, help_text: str, description: str) -> None:
+    """A command that joins the swarm briefly, with join's settings and --json."""
+    sub = commands.add_parser(name, help=help_text, description=description)
+    sub.add_argument("invite", nargs="?", default=None, help="the invite the node joins with (echo1:...)")
+    add_arguments(sub, NodeConfig)
+    sub.add_argument("--json", action="store_true", help="print JSON")
+    sub.add_argument("-v", "--verbose", action="store_true", help="log details")
+
+
+def _add_credits_and_doctor(commands: argparse._SubParsersAction) -> None:
+    _add_joining_command(
+        commands,
         "credits",
         "fetch this node's receipts from the learner and check each signature",
         "Join the swarm, find the learner and fetch every receipt it holds "
         "for this node's identity (--data-dir), checking the learner's signature on each; "
         "print the credit earned. Takes the same settings as join.",
     )
-    joining_command(
+    _add_joining_command(
+        commands,
         "doctor",
         "check that this machine can do useful work, and say how to fix what cannot",
         "Check, in plain words with a fix for each failure: the installed backends, "
@@ -62,6 +76,9 @@ def build_parser() -> Parser:
         "disk against the job's model, and a short upload estimate. Exits 0 only when this "
         "node can do useful work. Takes the same settings as join; writes nothing.",
     )
+
+
+def _add_jobs(commands: argparse._SubParsersAction) -> None:
     jobs = commands.add_parser(
         "jobs",
         help="list the jobs announced in the swarm's DHT, and whether each checks out",
@@ -82,6 +99,9 @@ def build_parser() -> Parser:
     )
     jobs.add_argument("--json", action="store_true", help="print JSON (one object per job, with the reason it fails)")
     jobs.add_argument("-v", "--verbose", action="store_true", help="log details")
+
+
+def _add_status(commands: argparse._SubParsersAction) -> None:
     status = commands.add_parser(
         "status",
         help="show what the node running with --data-dir is doing",
@@ -96,8 +116,6 @@ def build_parser() -> Parser:
         help=f"the node's data dir (default: {default_data_dir()})",
     )
     status.add_argument("--json", action="store_true", help="print JSON")
-    add_service_commands(commands)
-    return parser
 
 
 def add_service_commands(commands: argparse._SubParsersAction) -> None:

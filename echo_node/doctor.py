@@ -215,8 +215,7 @@ async def check_job(
     from echo_node.learner_lookup import NoLearnerFound
     from echo_node.node import Node
 
-    node = Node(config, identity, learner_addrs=learner_addrs)
-    node.swarm = swarm
+    node = Node(config, identity, learner_addrs=learner_addrs, swarm=swarm)
     try:
         await node.find_learner(keep_waiting=False)
     except NoLearnerFound as exc:

@@ -1,7 +1,7 @@
 """Finding the learner: through an invite's addresses, the DHT, or the LAN.
 
 A learner names itself as a provider of the job directory key and keeps its
-newest signed manifest under its manifest keys (``echo_learner.directory``).
+newest signed manifest under its manifest keys (``echo_learner.swarm.directory``).
 A node reads that record to learn the job; the record's signature is checked
 against the learner's peer id (``protocol.net.records``), and Noise proves who
 answers at the address. A learner nobody named is taken only when its job is

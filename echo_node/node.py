@@ -35,7 +35,8 @@ from echo_node.learner_lookup import NoLearnerFound, find_learner, relocate_lear
 from echo_node.memory import GiB, free_bytes, prompts_per_call
 from echo_node.reachability import ReachabilityWatch
 from echo_node.weights import Weights
-from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine, VersionTooLarge
+from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
+from protocol.broadcast.following import VersionTooLarge
 from protocol.broadcast.store import VersionStore
 from protocol.errors import ProtocolError
 from protocol.identity import Identity
@@ -59,9 +60,11 @@ class Node:
         identity: Identity,
         backend: Backend | None = None,
         learner_addrs: tuple[str, ...] = (),
+        swarm: Swarm | None = None,
     ):
         """``backend`` may be None for a node that only queries (``echo-node credits``).
-        ``learner_addrs``: where the learner was last seen (an invite says), tried first."""
+        ``learner_addrs``: where the learner was last seen (an invite says), tried first.
+        ``swarm``: one already joined (the doctor's), else ``run`` joins one."""
         self.config = config
         self.identity = identity
         self.me = identity.peer_id_str
@@ -69,7 +72,7 @@ class Node:
         self.learner_addrs = learner_addrs
         self._worked_for = job_memory.recall(config.job_path)  # what job.json says
         self.reachability_watch = ReachabilityWatch(config)
-        self.swarm: Swarm | None = None
+        self.swarm = swarm
         self.streams: KeptStreams | None = None  # to the learner: work requests and batches
         self.engine: BroadcastEngine | None = None
         self.learner: ID | None = None
@@ -149,7 +152,7 @@ class Node:
                 variant=self.backend.variant,
             )
             await nursery.start(self.engine.run)
-            self.weights.engine, self.weights.learner_id = self.engine, learner_id
+            self.weights.join(self.engine, learner_id)
             nursery.start_soon(self.weights.follow)
             try:
                 yield swarm

@@ -21,7 +21,8 @@ from echo_node.backend import Backend
 from echo_node.config import NodeConfig
 from echo_node.guard import DoesNotFit, ModelLimits, ModelShape, Refused, check_version, model_shape
 from echo_node.memory import choose_dtype, fit_backend, gib, load_need
-from protocol.broadcast.engine import BroadcastEngine, VersionTooLarge
+from protocol.broadcast.engine import BroadcastEngine
+from protocol.broadcast.following import VersionTooLarge
 from protocol.errors import ProtocolError
 from protocol.messages import Manifest
 from protocol.models import updates
@@ -66,6 +67,10 @@ class Weights:
         self._update_lock = trio.Lock()
         self._wanted = -1  # newest version the learner has named
         self._wanted_changed = trio.Event()
+
+    def join(self, engine: BroadcastEngine, learner_id: str) -> None:
+        """The node has joined the job: follow ``learner_id``'s versions through ``engine``."""
+        self.engine, self.learner_id = engine, learner_id
 
     def fit_job(self, model_config: str) -> None:
         """Refuse (``Refused``) a job whose model this machine cannot hold,

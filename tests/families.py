@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from echo_learner.model import VOCAB_SIZE, build_tokenizer
+from echo_learner.training.model import VOCAB_SIZE, build_tokenizer
 
 COMMON = dict(
     vocab_size=VOCAB_SIZE,

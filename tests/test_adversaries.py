@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 import trio
 
-from echo_learner.verify import (
+from echo_learner.verify.verifier import (
     BAD_LOGPROBS,
     MALFORMED,
     NOT_ASSIGNED,

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from swarmproc import free_port
 
-from echo_learner.evidence import PRECISION_MISMATCH, SAMPLER_MISMATCH
-from echo_learner.verify import STRIKES
+from echo_learner.verify.evidence import PRECISION_MISMATCH, SAMPLER_MISMATCH
+from echo_learner.verify.verifier import STRIKES
 from echo_node.backend_choice import llama_installed
 from protocol.identity import load_or_create
 

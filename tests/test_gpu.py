@@ -1,7 +1,7 @@
 """On a GPU (marked ``gpu``; skipped where torch sees no CUDA device, as on CI):
 the learner trains and verifies there as it does on the CPU, and a CPU
 learner accepts every honest rollout a GPU node makes (the tolerances of
-echo_learner/tolerance.py hold for GPU kernels).
+echo_learner/verify/tolerance.py hold for GPU kernels).
 
     pytest -m gpu -rs
 """
@@ -11,12 +11,12 @@ import random
 import pytest
 import torch
 
-from echo_learner.logprobs import grouped_token_stats
-from echo_learner.model import build_model, config_json
-from echo_learner.recompute import logprob_error
-from echo_learner.tolerance import tolerance
-from echo_learner.trainer import Objective, ScoredGroup, Trainer
-from echo_learner.verify import check_logprobs
+from echo_learner.training.logprobs import grouped_token_stats
+from echo_learner.training.model import build_model, config_json
+from echo_learner.training.trainer import Objective, ScoredGroup, Trainer
+from echo_learner.verify.recompute import logprob_error
+from echo_learner.verify.tolerance import tolerance
+from echo_learner.verify.verifier import check_logprobs
 from echo_node.backend_choice import choose, llama_installed
 from echo_node.backend_llama import gpu_kind as llama_gpu_kind
 from protocol.messages import UNSIGNED
@@ -52,7 +52,7 @@ def test_a_training_step_on_the_gpu_equals_one_on_the_cpu():
     groups = scored_groups(0)
     results = {}
     for device in ("cpu", "cuda"):
-        from echo_learner.device import choose as learner_device
+        from echo_learner.training.device import choose as learner_device
 
         where, _ = learner_device(device)
         model = build_model().to(where)

@@ -6,6 +6,7 @@ function: a circle of any kind ties two modules into one room.
 
 import ast
 import graphlib
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,22 +123,27 @@ LANGUAGE_REACHES = {
 }
 
 
-def concern(module: str) -> str:
-    """The folder of protocol/ that ``module`` belongs to (``LANGUAGE`` for the top)."""
-    parts = module.split(".")
-    return ".".join(parts[:2]) if len(parts) > 2 or parts[1:] and f"protocol.{parts[1]}" in MAY_IMPORT else LANGUAGE
+def concern(module: str, rooms: dict[str, set[str]] = MAY_IMPORT, top: str = LANGUAGE) -> str:
+    """The folder of ``rooms`` that ``module`` belongs to (``top`` for the modules directly in the package)."""
+    folder = ".".join(module.split(".")[:2])
+    return folder if folder in rooms else top
 
 
-def crossings(graph: dict[str, set[str]]) -> list[str]:
-    """The imports in ``graph`` from one folder of protocol/ to one it may not import."""
+def crossings(
+    graph: dict[str, set[str]],
+    rooms: dict[str, set[str]] = MAY_IMPORT,
+    top: str = LANGUAGE,
+    exempt: Iterable[str] = LANGUAGE_REACHES,
+) -> list[str]:
+    """The imports in ``graph`` from one folder of package ``top`` to one it may not import."""
     return [
         f"{module} imports {target}"
         for module, targets in graph.items()
-        if module.startswith("protocol") and module not in LANGUAGE_REACHES
+        if module.split(".")[0] == top and module not in exempt
         for target in targets
-        if target.startswith("protocol")
-        and concern(target) != concern(module)
-        and concern(target) not in MAY_IMPORT[concern(module)]
+        if target.split(".")[0] == top
+        and concern(target, rooms, top) != concern(module, rooms, top)
+        and concern(target, rooms, top) not in rooms[concern(module, rooms, top)]
     ]
 
 
@@ -185,5 +191,213 @@ def test_no_learner_function_takes_more_than_eight_parameters():
 def test_the_parameter_count_sees_keyword_only_parameters():
     """``Verifier.__init__`` takes two positional and six keyword-only ones."""
     assert any(
-        f.startswith("echo_learner/verify.py") and "__init__ (8)" in f for f in many_parameters("echo_learner", 7)
+        f.startswith("echo_learner/verify/verifier.py") and "__init__ (8)" in f
+        for f in many_parameters("echo_learner", 7)
     )
+
+
+# echo_learner/ by concern (echo_learner/__init__.py). The modules directly
+# under it are shared by every room (config, ledger, metrics), except the
+# assembly, which may import anything and which nothing imports.
+LEARNER = "echo_learner"
+ASSEMBLY = "echo_learner (assembly)"
+ASSEMBLY_MODULES = {"echo_learner.service", "echo_learner.cli", "echo_learner.__main__"}
+ROOMS = {
+    LEARNER: set(),
+    "echo_learner.tasks": {LEARNER},
+    "echo_learner.training": {LEARNER, "echo_learner.tasks"},
+    "echo_learner.verify": {LEARNER, "echo_learner.training"},
+    "echo_learner.swarm": {LEARNER, "echo_learner.tasks", "echo_learner.training", "echo_learner.verify"},
+    "echo_learner.operator": {
+        LEARNER,
+        "echo_learner.tasks",
+        "echo_learner.training",
+        "echo_learner.verify",
+        "echo_learner.swarm",
+    },
+}
+
+
+def learner_graph() -> dict[str, set[str]]:
+    """The import graph with the assembly as a room of its own, which every room may not import."""
+    graph = imports()
+    rename = {m: ASSEMBLY + "." + m for m in ASSEMBLY_MODULES}
+    return {rename.get(m, m): {rename.get(t, t) for t in ts} for m, ts in graph.items()}
+
+
+def learner_crossings(graph: dict[str, set[str]]) -> list[str]:
+    assembly = [
+        f"{m} imports {t}"
+        for m, ts in graph.items()
+        if not m.startswith(ASSEMBLY)
+        for t in ts
+        if t.startswith(ASSEMBLY)
+    ]
+    inside = {m: ts for m, ts in graph.items() if not m.startswith(ASSEMBLY)}
+    return assembly + crossings(inside, ROOMS, LEARNER, ())
+
+
+def test_learner_folders_import_down_only():
+    assert learner_crossings(learner_graph()) == []
+
+
+def test_the_learner_folder_rule_sees_a_crossing():
+    graph = learner_graph()
+    graph["echo_learner.verify.recompute"] |= {"echo_learner.swarm.pool"}
+    graph["echo_learner.training.trainer"] |= {"echo_learner.verify.verifier"}
+    graph["echo_learner.ledger"] |= {"echo_learner.training.lora"}
+    graph["echo_learner.swarm.pool"] |= {ASSEMBLY + ".echo_learner.service"}
+    assert sorted(learner_crossings(graph)) == [
+        "echo_learner.ledger imports echo_learner.training.lora",
+        "echo_learner.swarm.pool imports echo_learner (assembly).echo_learner.service",
+        "echo_learner.training.trainer imports echo_learner.verify.verifier",
+        "echo_learner.verify.recompute imports echo_learner.swarm.pool",
+    ]
+
+
+def test_learner_top_holds_the_shared_modules_and_the_assembly_only():
+    """At most 12 modules directly under echo_learner/; the rest sit in folders by concern."""
+    top = sorted(p.stem for p in (ROOT / "echo_learner").glob("*.py") if p.stem != "__init__")
+    assert len(top) <= 12, top
+    folders = {f"echo_learner.{p.name}" for p in (ROOT / "echo_learner").iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(ROOMS) - {LEARNER}, "a new folder needs its row in ROOMS"
+
+
+# --- objects built whole -------------------------------------------------------
+
+
+def our_classes(packages: tuple[str, ...] = ("protocol", "echo_node", "echo_learner")) -> dict[str, bool]:
+    """Every class defined in ``packages``, and whether it is a record (a dataclass)."""
+    found = {}
+    for package in packages:
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ClassDef):
+                    names = {ast.unparse(d.func if isinstance(d, ast.Call) else d) for d in node.decorator_list}
+                    found[node.name] = bool(names & {"dataclass", "dataclasses.dataclass"})
+    return found
+
+
+def wired_from_outside(source: str, classes: dict[str, bool]) -> list[tuple[int, str]]:
+    """Attributes of another object assigned after it was built: of a
+    collaborator held by ``self`` (``self.pool.on_lapsed = ...``), or of an
+    object of ours built in the same function (``node = Node(...);
+    node.swarm = ...``). A record (a dataclass) is filled by whoever holds it;
+    a third-party object is configured as its library says."""
+    found = []
+
+    def class_name(value: ast.expr | None) -> str:
+        """The class ``value`` builds or is annotated with, if it names one."""
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+            return value.func.id
+        if isinstance(value, ast.Name | ast.Constant):
+            return str(value.id if isinstance(value, ast.Name) else value.value)
+        return ""
+
+    def held_types(cls: ast.ClassDef) -> dict[str, str]:
+        """What ``self.x`` holds, where the class says: ``self.x = C(...)`` or
+        ``self.x = param`` with ``param: C``."""
+        types = {}
+        for method in cls.body:
+            if not isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            a = method.args
+            annotated = {x.arg: class_name(x.annotation) for x in (*a.args, *a.kwonlyargs)}
+            for n in ast.walk(method):
+                if isinstance(n, ast.Assign):
+                    built = annotated.get(n.value.id, "") if isinstance(n.value, ast.Name) else class_name(n.value)
+                    for target in n.targets:
+                        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
+                            if target.value.id == "self" and built:
+                                types[target.attr] = built
+        return types
+
+    def constructed(function: ast.AST) -> set[str]:
+        return {
+            target.id
+            for n in ast.walk(function)
+            if isinstance(n, ast.Assign) and classes.get(class_name(n.value)) is False
+            for target in n.targets
+            if isinstance(target, ast.Name)
+        }
+
+    def visit(node: ast.AST, held: dict[str, str], built: set[str]) -> None:
+        if isinstance(node, ast.ClassDef):
+            held = held_types(node)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            built = constructed(node)
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    if not isinstance(t, ast.Attribute):
+                        continue
+                    owner = t.value
+                    of_self = isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name)
+                    if of_self and owner.value.id == "self" and not classes.get(held.get(owner.attr, "")):
+                        found.append((node.lineno, ast.unparse(t)))
+                    elif isinstance(owner, ast.Name) and owner.id in built:
+                        found.append((node.lineno, ast.unparse(t)))
+        for child in ast.iter_child_nodes(node):
+            visit(child, held, built)
+
+    visit(ast.parse(source), {}, set())
+    return found
+
+
+def test_objects_are_built_whole():
+    classes = our_classes()
+    wired = [
+        f"{path.relative_to(ROOT)}:{line} {target}"
+        for package in ("protocol", "echo_node", "echo_learner")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for line, target in wired_from_outside(path.read_text(), classes)
+    ]
+    assert wired == []
+
+
+def test_the_wiring_check_sees_what_it_forbids():
+    classes = {"Pool": False, "Stats": True}
+    source = """
+class Learner:
+    def __init__(self, stats: Stats):
+        self.pool = Pool()
+        self.pool.on_lapsed = self._lapsed      # a held collaborator, wired from outside
+        self.count = 0                          # its own attribute: fine
+        self.stats = stats
+        self.stats.seen = 1                     # a held record: fine
+
+def doctor(swarm):
+    pool = Pool()
+    pool.swarm = swarm                          # built here, then wired
+    stats = Stats()
+    stats.seen = 1                              # a record, filled by whoever holds it
+    tok = Tokenizer()
+    tok.decoder = None                          # not ours: as its library says
+"""
+    assert wired_from_outside(source, classes) == [(5, "self.pool.on_lapsed"), (12, "pool.swarm")]
+
+
+# --- sizes a newcomer can read -------------------------------------------------
+
+
+def oversized(packages: tuple[str, ...] = ("protocol", "echo_node", "echo_learner")) -> list[str]:
+    """Classes of more than 25 methods and functions of more than 80 lines
+    (docstring included): each usually hides two."""
+    found = []
+    for package in packages:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+                if isinstance(node, ast.ClassDef):
+                    methods = [b for b in node.body if isinstance(b, ast.FunctionDef | ast.AsyncFunctionDef)]
+                    if len(methods) > 25:
+                        found.append(f"{where} class {node.name}: {len(methods)} methods")
+                elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > 80:
+                        found.append(f"{where} {node.name}: {lines} lines")
+    return found
+
+
+def test_no_class_or_function_is_too_big_to_read():
+    assert oversized() == []

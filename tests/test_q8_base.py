@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from echo_learner.evidence import PRECISION_MISMATCH
 from echo_learner.ledger import Ledger
-from echo_learner.verify import BAD_LOGPROBS
+from echo_learner.verify.evidence import PRECISION_MISMATCH
+from echo_learner.verify.verifier import BAD_LOGPROBS
 from echo_node.backend_choice import llama_installed
 from protocol import codec
 from protocol.identity import load_or_create

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from echo_learner.model import smollm2_path
+from echo_learner.training.model import smollm2_path
 from echo_node.backend_choice import llama_installed
 from protocol import codec
 from protocol.identity import load_or_create

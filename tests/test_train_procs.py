@@ -6,7 +6,7 @@ import psutil
 import pytest
 import torch
 
-from echo_learner.model import build_model
+from echo_learner.training.model import build_model
 
 STEPS = 6
 
@@ -14,7 +14,7 @@ STEPS = 6
 def rank_processes() -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
-        if "echo_learner.train_worker" in (p.info["cmdline"] or []):
+        if "echo_learner.training.train_worker" in (p.info["cmdline"] or []):
             found.append(p)
     return found
 

@@ -32,7 +32,7 @@ from protocol.errors import ProtocolError
 from protocol.models.safetensors_header import BadHeader, read_header
 from protocol.process.config import setting
 
-# ...q_proj.lora_A.weight, as PEFT saves adapters (``echo_learner.lora``).
+# ...q_proj.lora_A.weight, as PEFT saves adapters (``echo_learner.training.lora``).
 _HALF = re.compile(r"(?P<prefix>.+)\.lora_(?P<half>[AB])\.weight")
 # safetensors dtypes a learner publishes, and how numpy reads each (bf16:
 # the high half of an f32, widened below).

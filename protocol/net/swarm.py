@@ -200,6 +200,24 @@ async def providers_of(swarm: Swarm, keys: Sequence[str], timeout_s: float) -> d
     return found
 
 
+async def _forward_port(host: IHost, background: trio.Nursery) -> PortMapper:
+    """Ask the LAN's gateway to forward our listen port, and keep it forwarded
+    while ``background`` runs."""
+    mapper = PortMapper(mappable_ports([str(a) for a in host.get_addrs()]))
+    await background.start(mapper.run)
+    return mapper
+
+
+async def _answer_probes(host: IHost, stack: AsyncExitStack) -> AutoNATServer:
+    """Answer other peers' dial-back requests (from a second, listen-less
+    host, run until ``stack`` closes) and their hole-punch and upload probes."""
+    dialer = make_host(Identity.generate(), [])
+    await stack.enter_async_context(dialer.run([]))
+    autonat = AutoNATServer(host, dialer, DIAL_BACK_TIMEOUT_S)
+    ProbeServer(host)
+    return autonat
+
+
 @asynccontextmanager
 async def open_swarm(
     identity: Identity,
@@ -253,19 +271,16 @@ async def open_swarm(
         dht.register_validator(DHT_NAMESPACE, ManifestRecordValidator())
         bound_dht(dht)  # and what passes is bounded in size and count
         await stack.enter_async_context(background_trio_service(dht))
-        swarm = Swarm(host, dht, gate=gate, public_addrs=public_addrs)
-        if upnp:
-            swarm.upnp = PortMapper(mappable_ports([str(a) for a in host.get_addrs()]))
-            await background.start(swarm.upnp.run)
+        mapper = await _forward_port(host, background) if upnp else None
         circuits = relay_protocol(host, hop=relay_hop, limits=relay_limits)
         await stack.enter_async_context(background_trio_service(circuits))
-        swarm.puncher = HolePuncher(host)
-        await stack.enter_async_context(background_trio_service(swarm.puncher))
+        puncher = HolePuncher(host)
+        await stack.enter_async_context(background_trio_service(puncher))
 
         async def find_relays() -> list[PeerInfo]:
             return list((await find_providers(swarm, RELAY_DIRECTORY_KEY, RELAY_TIMEOUT_S)).values())
 
-        swarm.relay = RelayClient(
+        relay = RelayClient(
             host,
             circuits,
             [parse_peer_addr(a) for a in relays],
@@ -273,9 +288,8 @@ async def open_swarm(
             find_more=find_relays,
             advertised=relayed_addrs,
         )
-        if answer_probes:
-            dialer = make_host(Identity.generate(), [])
-            await stack.enter_async_context(dialer.run([]))
-            swarm.autonat = AutoNATServer(host, dialer, DIAL_BACK_TIMEOUT_S)
-            ProbeServer(host)
+        autonat = await _answer_probes(host, stack) if answer_probes else None
+        swarm = Swarm(
+            host, dht, gate=gate, autonat=autonat, relay=relay, puncher=puncher, upnp=mapper, public_addrs=public_addrs
+        )
         yield swarm

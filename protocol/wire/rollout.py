@@ -5,7 +5,7 @@ A node sends a batch and the learner answers; on version 1.2.0 the node may
 send its next batch on the same stream once the receipt is in (a kept
 stream, ``protocol.rpc``), on 1.1.0 (served until protocol version 2) a
 stream carries one batch. The learner verifies the batch
-(``echo_learner.verify``: the order of checks and every refusal reason),
+(``echo_learner.verify.verifier``: the order of checks and every refusal reason),
 writes the verdict to its ledger and only then sends the ``Receipt``. A batch
 that is oversized or does not decode gets ``ErrorReply("malformed")``
 instead: unlike other protocols it is a verdict too (a ledger row, a strike).

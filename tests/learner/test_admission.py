@@ -17,13 +17,13 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from echo_learner import admission, peers
-from echo_learner.admission import Admission, RoundModel, Workers
-from echo_learner.peers import PeerBook
-from echo_learner.pool import PromptPool, Rollouts
-from echo_learner.sizing import Worker, prompts_for, round_end_s
+from echo_learner.swarm import admission, peers
+from echo_learner.swarm.admission import Admission, RoundModel, Workers
+from echo_learner.swarm.peers import PeerBook
+from echo_learner.swarm.pool import PromptPool, Rollouts
+from echo_learner.swarm.sizing import Worker, prompts_for, round_end_s
 from echo_learner.tasks.base import TaskPrompt
-from echo_learner.verify import ACCEPTED, BAD_LOGPROBS
+from echo_learner.verify.verifier import ACCEPTED, BAD_LOGPROBS
 
 DEADLINE_S = 30.0
 GROUP_SIZE = 4
@@ -122,14 +122,14 @@ async def test_every_kept_figure_equals_a_full_recomputation(seed, mock_clock, m
     wall = WallClock()
     monkeypatch.setattr(peers.time, "time", wall.time)
     monkeypatch.setattr(admission.time, "time", wall.time)
+    book = PeerBook(strikes_to_ban=100, strike_window_s=60, ban_s=60, max_peers=40, quiet_after_s=DEADLINE_S)
     pool = PromptPool(
         lambda: (TaskPrompt("abc", "cba"), (1, 2, 3)),
         capacity=rng.choice([4, 16, 64]),
         assignment_timeout_s=DEADLINE_S,
         memory=200,
+        newcomers=peers.Newcomers(book, DEADLINE_S),
     )
-    book = PeerBook(strikes_to_ban=100, strike_window_s=60, ban_s=60, max_peers=40, quiet_after_s=DEADLINE_S)
-    pool.newcomers = peers.Newcomers(book, DEADLINE_S)
     view = Admission(pool, book, within_s=DEADLINE_S, group_size=GROUP_SIZE)
     names = [f"peer{i}" for i in range(rng.choice([3, 12, 50]))]
     version = 0
@@ -203,9 +203,14 @@ async def test_a_view_is_kept_until_something_changes(mock_clock):
 async def test_a_proven_peer_back_after_a_quiet_spell_makes_newcomers_extra_again(mock_clock):
     """Whether a proven peer is around decides if newcomers' prompts count
     against the pool: its return alone, with no other change, must show."""
-    pool = PromptPool(lambda: (TaskPrompt("abc", "cba"), (1, 2, 3)), capacity=8, assignment_timeout_s=30, memory=50)
     book = PeerBook(strikes_to_ban=3, strike_window_s=60, ban_s=60, max_peers=10, quiet_after_s=30)
-    pool.newcomers = peers.Newcomers(book, 30)
+    pool = PromptPool(
+        lambda: (TaskPrompt("abc", "cba"), (1, 2, 3)),
+        capacity=8,
+        assignment_timeout_s=30,
+        memory=50,
+        newcomers=peers.Newcomers(book, 30),
+    )
     admissions = Admission(pool, book, within_s=30, group_size=4)
     pool.set_open(True)
     book.on_verdict("proven", ACCEPTED, 4, 12)

@@ -5,8 +5,8 @@ import json
 import pytest
 import trio
 
-import echo_learner.api as api
-from echo_learner.api import (
+import echo_learner.operator.api as api
+from echo_learner.operator.api import (
     JSON,
     MAX_ANSWERS_PER_S,
     MAX_REQUEST_BYTES,

@@ -4,7 +4,7 @@ import socket
 
 import trio
 
-from echo_learner.bootstrap_probe import BootstrapProbe
+from echo_learner.swarm.bootstrap_probe import BootstrapProbe
 from protocol.identity import Identity
 from protocol.net.swarm import open_swarm
 

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from echo_learner.capacity import CapacityMeter, ForecastInputs, forecast
+from echo_learner.swarm.capacity import CapacityMeter, ForecastInputs, forecast
 
 BASE = dict(rollouts_per_step=256, train_s=0.2, verify_s=0.0, publish_s=0.04, broadcast_s=1.0, cycle_s=0.3)
 
@@ -76,7 +76,7 @@ def test_forecasts_are_checked_against_the_window_that_followed():
 
 
 def test_async_publishing_waits_for_the_last_version_to_spread():
-    from echo_learner.capacity import publish_due
+    from echo_learner.swarm.capacity import publish_due
 
     assert not publish_due(publish_every=3, steps_since=2, since_publish_s=9.0, broadcast_s=1.2)
     assert not publish_due(publish_every=3, steps_since=3, since_publish_s=0.9, broadcast_s=1.2)
@@ -85,7 +85,7 @@ def test_async_publishing_waits_for_the_last_version_to_spread():
 
 
 def test_time_a_version_has_left_in_the_window():
-    from echo_learner.capacity import window_left_s
+    from echo_learner.swarm.capacity import window_left_s
 
     def left(version: int, steps_since: int, since_publish_s: float = 9.0, broadcast_s: float = 0.0) -> float:
         return window_left_s(

@@ -5,7 +5,7 @@ at the end of the assistant's turn."""
 import pytest
 from transformers import AutoTokenizer
 
-from echo_learner.model import build_tokenizer, locate, render_prompt, smollm2_path, stop_ids
+from echo_learner.training.model import build_tokenizer, locate, render_prompt, smollm2_path, stop_ids
 from echo_node.backend_choice import llama_installed
 
 needs_smollm2 = pytest.mark.skipif(

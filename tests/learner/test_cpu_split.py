@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from echo_learner.cpu_split import PHASES, CpuSplit
+from echo_learner.verify.cpu_split import PHASES, CpuSplit
 
 
 def spin(seconds: float) -> None:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from echo_learner.device import DeviceUnavailable, choose
+from echo_learner.training.device import DeviceUnavailable, choose
 
 
 def test_auto_takes_a_cuda_gpu_when_there_is_one_else_the_cpu():

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from echo_learner.emulate import can_emulate, emulated
-from echo_learner.evidence import PRECISION_MISMATCH, BatchEvidence, EvidenceBook, EvidenceLimits
-from echo_learner.lora import state_bytes
-from echo_learner.model import config_json
-from echo_learner.recompute import logprob_error
+from echo_learner.training.lora import state_bytes
+from echo_learner.training.model import config_json
+from echo_learner.verify.emulate import can_emulate, emulated
+from echo_learner.verify.evidence import PRECISION_MISMATCH, BatchEvidence, EvidenceBook, EvidenceLimits
+from echo_learner.verify.recompute import logprob_error
 from echo_node.backend_choice import choose, llama_installed
 from tests.learner.test_logprob_check import versions
 

@@ -5,11 +5,11 @@ from dataclasses import dataclass
 import pytest
 import trio
 
-from echo_learner.evaluate import EvalSettings, Stopped, evaluate, mean_with_ci, wilson
-from echo_learner.heldout import HeldoutMonitor
-from echo_learner.model import load_model
 from echo_learner.tasks.base import TaskError, TaskPrompt
 from echo_learner.tasks.registry import load_task
+from echo_learner.training.evaluate import EvalSettings, Stopped, evaluate, mean_with_ci, wilson
+from echo_learner.training.heldout import HeldoutMonitor
+from echo_learner.training.model import load_model
 
 
 def test_wilson_interval():

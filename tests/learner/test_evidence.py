@@ -13,7 +13,10 @@ import random
 import pytest
 import torch
 
-from echo_learner.evidence import (
+from echo_learner.swarm.ingest import credited_tokens
+from echo_learner.training.logprobs import grouped_logprobs
+from echo_learner.training.model import build_model
+from echo_learner.verify.evidence import (
     PRECISION_MISMATCH,
     SAMPLER_MISMATCH,
     SELECTED_GROUPS,
@@ -21,13 +24,10 @@ from echo_learner.evidence import (
     EvidenceBook,
     EvidenceLimits,
 )
-from echo_learner.ingest import credited_tokens
-from echo_learner.logprobs import grouped_logprobs
-from echo_learner.model import build_model
-from echo_learner.recompute import logprob_error
-from echo_learner.selection import RewardReference, beta_of
-from echo_learner.tolerance import tolerance
-from echo_learner.verify import check_logprobs
+from echo_learner.verify.recompute import logprob_error
+from echo_learner.verify.selection import RewardReference, beta_of
+from echo_learner.verify.tolerance import tolerance
+from echo_learner.verify.verifier import check_logprobs
 from protocol.messages import UNSIGNED
 from protocol.wire.rollout import Completion, RolloutBatch, RolloutGroup
 from tests.learner.test_logprob_check import GROUP, sample_batches, versions

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from echo_learner import checkpoint
-from echo_learner.model import load_model
+from echo_learner.training import checkpoint
+from echo_learner.training.model import load_model
 from echo_node.backend_choice import llama_installed
 
 pytestmark = pytest.mark.skipif(

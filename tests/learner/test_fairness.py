@@ -3,7 +3,7 @@ cannot take what honest nodes need."""
 
 from collections import Counter
 
-from echo_learner.fairness import room
+from echo_learner.swarm.fairness import room
 
 POOL = dict(capacity=16, per_request=4, newcomer_share=0.25)
 

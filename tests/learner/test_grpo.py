@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from echo_learner.grpo import (
+from echo_learner.training.grpo import (
     clipped_surrogate,
     entropy_surrogate,
     group_advantages,

@@ -9,13 +9,13 @@ import torch
 import trio
 import trio.testing
 
-from echo_learner import verify as v
-from echo_learner.capacity import CapacityMeter
 from echo_learner.config import LearnerConfig
-from echo_learner.ingest import Ingest
 from echo_learner.ledger import Ledger
-from echo_learner.peers import PeerBook
+from echo_learner.swarm.capacity import CapacityMeter
+from echo_learner.swarm.ingest import Ingest
+from echo_learner.swarm.peers import PeerBook
 from echo_learner.tasks.reverse import ReverseTask
+from echo_learner.verify import verifier as v
 from protocol.wire.work import NoWork, WorkAssignment
 from tests.learner.test_verify import GOOD, LIMITS, pool_with_prompt_7
 from tests.protocol.samples import LEARNER, NODE, batch, work_request
@@ -184,8 +184,8 @@ async def test_a_caught_peer_forfeits_its_credit_and_is_refused_from_then_on(aut
     """Caught by its evidence: what it earned is forfeited (the ledger's rows
     stay), each batch after is refused for that reason before any recompute,
     and a restarted learner reading the same ledger refuses it too."""
-    from echo_learner.evidence import SAMPLER_MISMATCH
     from echo_learner.ledger import Row
+    from echo_learner.verify.evidence import SAMPLER_MISMATCH
 
     ledger = Ledger(tmp_path / "ledger.sqlite")
     peers = PeerBook(strikes_to_ban=3, strike_window_s=600, ban_s=600, max_peers=100)

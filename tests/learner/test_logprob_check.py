@@ -9,12 +9,12 @@ import random
 
 import torch
 
-from echo_learner.logprobs import grouped_logprobs
-from echo_learner.model import ModelShape, build_model, config_json
-from echo_learner.recompute import logprob_error
-from echo_learner.tolerance import TOLERANCE, tolerance
-from echo_learner.trainer import Objective, Trainer
-from echo_learner.verify import BAD_LOGPROBS, IMPLAUSIBLE, check_logprobs
+from echo_learner.training.logprobs import grouped_logprobs
+from echo_learner.training.model import ModelShape, build_model, config_json
+from echo_learner.training.trainer import Objective, Trainer
+from echo_learner.verify.recompute import logprob_error
+from echo_learner.verify.tolerance import TOLERANCE, tolerance
+from echo_learner.verify.verifier import BAD_LOGPROBS, IMPLAUSIBLE, check_logprobs
 from echo_node.backend_torch import TorchBackend
 from protocol.messages import UNSIGNED
 from protocol.wire.rollout import Completion, RolloutBatch, RolloutGroup
@@ -154,7 +154,7 @@ def test_training_s_shared_prompt_pass_equals_the_full_one_with_its_gradient():
     """Training runs each prompt once and shares its KV cache with the
     group's completions: the same log-probs as whole rows, and the same
     gradient flows back (through the cache into the prompt's pass)."""
-    from echo_learner.logprobs import completion_logprobs, shared_prompt_logprobs
+    from echo_learner.training.logprobs import completion_logprobs, shared_prompt_logprobs
 
     rng = random.Random(5)
     model = build_model(ModelShape(seed=1)).train()
@@ -180,7 +180,7 @@ def test_training_s_shared_prompt_pass_equals_the_full_one_with_its_gradient():
 
 def test_the_grouped_recompute_equals_the_full_one():
     """Verification shares each prompt's KV cache; training recomputes whole rows."""
-    from echo_learner.logprobs import completion_logprobs, grouped_logprobs
+    from echo_learner.training.logprobs import completion_logprobs, grouped_logprobs
 
     rng = random.Random(4)
     for model in versions(2):
@@ -203,7 +203,12 @@ def test_the_grouped_recompute_equals_the_full_one():
 
 def test_a_recompute_split_to_fit_its_memory_budget_gives_the_same_stats():
     """Long answers: the completions go through the model in several passes."""
-    from echo_learner.logprobs import VERIFY_BYTES_PER_LOGIT, completion_logprobs, grouped_token_stats, row_slices
+    from echo_learner.training.logprobs import (
+        VERIFY_BYTES_PER_LOGIT,
+        completion_logprobs,
+        grouped_token_stats,
+        row_slices,
+    )
 
     rng = random.Random(5)
     model = next(versions(1))
@@ -232,7 +237,7 @@ def test_a_recompute_split_to_fit_its_memory_budget_gives_the_same_stats():
 
 
 def test_row_slices_keep_every_row_once_and_under_the_budget():
-    from echo_learner.logprobs import row_slices
+    from echo_learner.training.logprobs import row_slices
 
     widths = [5, 1, 9, 9, 2, 40, 3]
     slices = row_slices(widths, vocab=10, max_bytes=10 * 20 * 4, bytes_per_logit=4)
@@ -287,7 +292,7 @@ def test_tokens_not_sampled_from_the_policy_are_caught_even_with_exact_logprobs(
 
 
 def test_length_buckets_hold_every_row_once_and_bound_their_padding():
-    from echo_learner.logprobs import length_buckets
+    from echo_learner.training.logprobs import length_buckets
 
     rng = random.Random(6)
     for _ in range(200):

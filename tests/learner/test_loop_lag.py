@@ -4,7 +4,7 @@ import pytest
 import trio
 import trio.testing
 
-from echo_learner.loop_lag import LoopLag
+from echo_learner.swarm.loop_lag import LoopLag
 
 
 async def _period(clock: trio.testing.MockClock, seconds: float) -> None:

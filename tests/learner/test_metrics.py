@@ -4,8 +4,8 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from echo_learner.capacity import CapacityMeter
 from echo_learner.metrics import LearnerMetrics
+from echo_learner.swarm.capacity import CapacityMeter
 
 
 def status(**over) -> dict:

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from echo_learner import model as model_module
-from echo_learner.model import ModelError, build_model, build_tokenizer, describe, load_model
+from echo_learner.training import model as model_module
+from echo_learner.training.model import ModelError, build_model, build_tokenizer, describe, load_model
 
 
 def test_a_hugging_face_directory_loads_with_its_weights_and_tokenizer(tmp_path):

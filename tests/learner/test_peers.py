@@ -2,10 +2,10 @@
 
 import pytest
 
-from echo_learner import peers as peers_module
-from echo_learner.peers import PeerBook
-from echo_learner.sizing import Worker, prompts_for, round_end_s
-from echo_learner.verify import ACCEPTED
+from echo_learner.swarm import peers as peers_module
+from echo_learner.swarm.peers import PeerBook
+from echo_learner.swarm.sizing import Worker, prompts_for, round_end_s
+from echo_learner.verify.verifier import ACCEPTED
 
 
 class Clock:
@@ -97,8 +97,7 @@ def test_lapses_and_refusal_strikes_add_up(clock):
 def test_peers_forgotten_past_the_cap_are_told(clock):
     """The learner stops keeping their connections (protocol.net.host.keep_connection)."""
     forgotten = []
-    b = PeerBook(strikes_to_ban=3, strike_window_s=300, ban_s=600, max_peers=2)
-    b.on_forget = forgotten.append
+    b = PeerBook(strikes_to_ban=3, strike_window_s=300, ban_s=600, max_peers=2, on_forget=forgotten.append)
     for peer in ("a", "b", "a", "c", "d"):
         b.seen(peer)
     assert forgotten == ["b", "a"] and list(b.peers) == ["c", "d"]

@@ -6,13 +6,13 @@ from collections import Counter
 
 import trio
 
-from echo_learner.pool import PromptPool
+from echo_learner.swarm.pool import PromptPool
 from echo_learner.tasks.base import TaskPrompt
 
 
-def pool(capacity: int) -> PromptPool:
+def pool(capacity: int, **wiring) -> PromptPool:
     return PromptPool(
-        lambda: (TaskPrompt("abc", "cba"), (1, 2, 3)), capacity=capacity, assignment_timeout_s=60, memory=100
+        lambda: (TaskPrompt("abc", "cba"), (1, 2, 3)), capacity=capacity, assignment_timeout_s=60, memory=100, **wiring
     )
 
 
@@ -30,9 +30,8 @@ class Prefixed:
 
 
 async def test_prompts_held_by_provisional_peers_do_not_count_against_capacity():
-    p = pool(4)
+    p = pool(4, newcomers=Prefixed("new"))
     p.set_open(True)
-    p.newcomers = Prefixed("new")
     assert len(p.take("newcomer", 2, version=0)) == 2  # may never answer
     assert len(p.take("honest", 8, version=0)) == 4  # the step still gets all it needs
     assert p.take("honest2", 8, version=0) == []  # and no more
@@ -47,9 +46,8 @@ async def test_without_provisional_peers_the_pool_is_bounded_by_capacity():
 
 
 async def test_an_expired_prompt_goes_to_a_proven_peer_not_to_a_newcomer(autojump_clock):
-    p = pool(2)
+    p = pool(2, newcomers=Prefixed("new"))
     p.set_open(True)
-    p.newcomers = Prefixed("new")
     lapsed = {a.prompt_id for a in p.take("slow", 2, version=0)}
     await trio.sleep(61)  # past the assignment timeout (a mock clock: no real wait)
     assert not lapsed & {a.prompt_id for a in p.take("newcomer", 2, version=0)}
@@ -59,10 +57,15 @@ async def test_an_expired_prompt_goes_to_a_proven_peer_not_to_a_newcomer(autojum
 async def test_a_prompt_left_unanswered_lapses_however_many_pass_meanwhile(autojump_clock):
     """Fast steps hand out far more prompts than the pool remembers before a
     hoarder's deadline: its prompt must still be there to lapse (a strike)."""
-    p = PromptPool(lambda: (TaskPrompt("abc", "cba"), (1, 2, 3)), capacity=4, assignment_timeout_s=5, memory=20)
-    p.set_open(True)
     lapsed: list[str] = []
-    p.on_lapsed = lapsed.append
+    p = PromptPool(
+        lambda: (TaskPrompt("abc", "cba"), (1, 2, 3)),
+        capacity=4,
+        assignment_timeout_s=5,
+        memory=20,
+        on_lapsed=lapsed.append,
+    )
+    p.set_open(True)
     p.take("hoarder", 1, version=0)
     for _ in range(50):  # 200 prompts handed out and answered within the deadline
         for a in p.take("honest", 4, version=0):
@@ -76,10 +79,9 @@ async def test_a_prompt_left_unanswered_lapses_however_many_pass_meanwhile(autoj
 
 
 async def test_prompts_given_back_go_out_again_at_once_and_do_not_lapse(autojump_clock):
-    p = pool(2)
-    p.set_open(True)
     struck = []
-    p.on_lapsed = struck.append
+    p = pool(2, on_lapsed=struck.append)
+    p.set_open(True)
     given = [a.prompt_id for a in p.take("late", 2, version=0)]
     assert p.take("other", 2, version=0) == []  # all held
     p.release("someone else", given)  # only the holder can give them back
@@ -110,10 +112,9 @@ async def test_a_batch_refused_after_the_round_moved_on_is_no_lapse(autojump_clo
     moved to the next version, then its batch came and was refused as out of
     the window. It answered: its prompt must not lapse into a strike at the
     deadline (an honest torch node was banned so, bench/models.py)."""
-    p = pool(2)
-    p.set_open(True)
     struck = []
-    p.on_lapsed = struck.append
+    p = pool(2, on_lapsed=struck.append)
+    p.set_open(True)
     given = [a.prompt_id for a in p.take("slow", 1, version=0)]
     p.set_open(True, min_version=1)  # the step was filled by others
     p.release("slow", given)  # its batch, refused: version_out_of_window
@@ -133,8 +134,8 @@ async def test_the_pools_running_counts_follow_every_change(autojump_clock):
     new rounds."""
     import random
 
-    from echo_learner.pool import Rollouts
-    from echo_learner.trainer import ScoredGroup
+    from echo_learner.swarm.pool import Rollouts
+    from echo_learner.training.trainer import ScoredGroup
 
     p = PromptPool(lambda: (TaskPrompt("abc", "cba"), (1, 2, 3)), capacity=6, assignment_timeout_s=5, memory=12)
     p.set_open(True)
@@ -156,7 +157,10 @@ async def test_the_pools_running_counts_follow_every_change(autojump_clock):
         else:
             await trio.sleep(rng.uniform(0, 4))
         assert list(p.unanswered) == [pid for pid, a in p.assignments.items() if not a.answered]
-        now, live = trio.current_time(), [a for a in p.assignments.values() if p._live(a, trio.current_time())]
+        now, live = (
+            trio.current_time(),
+            [a for a in p.assignments.values() if a.live(trio.current_time(), p.min_version)],
+        )
         assert p.held() == Counter(a.peer for a in live)
         assert p.held_since() == {peer: min(a.handed_at for a in live if a.peer == peer) for peer in p.held()}
         assert p.next_expiry() == min((a.deadline for a in live), default=math.inf)
@@ -190,9 +194,9 @@ async def test_twins_go_to_two_peers_of_one_version_and_both_count():
     # The share: of many prompts, about twin_share start a pair; the firsts
     # waiting for their second are bounded by the pool's capacity.
     p = PromptPool(lambda: (TaskPrompt("q", ""), (1,)), capacity=16, assignment_timeout_s=60, memory=10**5,
-                   twin_share=0.5, rng=random.Random(3))  # fmt: skip
+                   twin_share=0.5, rng=random.Random(3),
+                   newcomers=Prefixed(""))  # everyone: handed beyond capacity  # fmt: skip
     p.set_open(True)
-    p.newcomers = Prefixed("")  # everyone: handed beyond capacity
     handed = p.take("a", 2000, version=0)
     assert 900 < sum(a.twin is not None for a in handed) < 1100
     assert len(p._firsts) == 16

@@ -5,8 +5,8 @@ asking past it is struck and then banned."""
 import pytest
 
 from echo_learner.ledger import Ledger, Row
-from echo_learner.peers import REFUSALS_PER_STRIKE, PeerBook
-from echo_learner.receipt_pages import PageBudget, ReceiptPages
+from echo_learner.swarm.peers import REFUSALS_PER_STRIKE, PeerBook
+from echo_learner.swarm.receipt_pages import PageBudget, ReceiptPages
 from protocol import codec
 from protocol.identity import Identity
 from protocol.messages import UNSIGNED, ErrorReply

@@ -10,9 +10,9 @@ import torch
 import trio
 import trio.testing
 
-from echo_learner.recompute import Pass, Recomputer, logprob_error, logprob_errors
-from echo_learner.tolerance import tolerance
-from echo_learner.verify import BAD_LOGPROBS, check_logprobs
+from echo_learner.verify.recompute import Pass, Recomputer, logprob_error, logprob_errors
+from echo_learner.verify.tolerance import tolerance
+from echo_learner.verify.verifier import BAD_LOGPROBS, check_logprobs
 from protocol.wire.rollout import Completion
 from tests.learner.test_logprob_check import sample_batches, versions
 
@@ -137,7 +137,7 @@ def test_one_batch_at_a_time_is_still_one_pass_each():
 
 
 def test_a_pass_stops_at_its_token_budget_but_always_takes_one_batch():
-    from echo_learner.recompute import _Job
+    from echo_learner.verify.recompute import _Job
 
     model = next(versions(1))
     work = some_batches(model, 4, seed=5)

@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from echo_learner.sizing import DEADLINE_SHARE, Worker, prompts_for, round_end_s
+from echo_learner.swarm.sizing import DEADLINE_SHARE, Worker, prompts_for, round_end_s
 
 
 def test_fast_nodes_get_many_slow_ones_one_group_newcomers_one():

@@ -5,9 +5,9 @@ import copy
 import pytest
 import torch
 
-from echo_learner.model import build_model
-from echo_learner.train_group import TrainGroup, TrainGroupError
-from echo_learner.trainer import Objective, ScoredGroup, Trainer
+from echo_learner.training.model import build_model
+from echo_learner.training.train_group import TrainGroup, TrainGroupError
+from echo_learner.training.trainer import Objective, ScoredGroup, Trainer
 
 pytestmark = pytest.mark.procs  # torchrun and its ranks: the full suite only
 
@@ -99,7 +99,7 @@ def test_two_ranks_step_like_one_process_and_resume():
 
 
 def test_lora_adapters_train_alike_on_two_ranks():
-    from echo_learner.lora import LoraSettings, wrap
+    from echo_learner.training.lora import LoraSettings, wrap
 
     lora = LoraSettings(rank=4, alpha=8.0, dropout=0.0, targets=("q_proj", "v_proj"))
     one = wrap(build_model(), lora)
@@ -142,7 +142,11 @@ def test_a_rank_that_dies_ends_the_group_with_a_clear_error():
 
     model = build_model()
     with TrainGroup(model, procs=2, settings=settings()) as group:
-        ranks = [p for p in psutil.Process(group.process.pid).children() if "echo_learner.train_worker" in p.cmdline()]
+        ranks = [
+            p
+            for p in psutil.Process(group.process.pid).children()
+            if "echo_learner.training.train_worker" in p.cmdline()
+        ]
         assert len(ranks) == 2
         ranks[-1].kill()
         with pytest.raises(TrainGroupError, match="went away|failed .step."):

@@ -2,8 +2,8 @@
 
 import torch
 
-from echo_learner.model import build_model, build_tokenizer, config_json, tokenizer_digest
-from echo_learner.trainer import Objective, ScoredGroup, Trainer
+from echo_learner.training.model import build_model, build_tokenizer, config_json, tokenizer_digest
+from echo_learner.training.trainer import Objective, ScoredGroup, Trainer
 from echo_node.backend_torch import TorchBackend
 
 OBJ = Objective(clip_eps=0.2, ratio_cap=3.0, kl_coef=0.0)
@@ -72,7 +72,7 @@ def test_a_prompt_answered_wrong_with_certainty_is_pushed_down_only_when_asked()
 def test_a_step_split_to_fit_its_memory_budget_equals_one_pass():
     """Long answers: a batch whose logits exceed --logit-memory-mib is trained
     in parts, each weighted by its share of the tokens: the same step."""
-    from echo_learner.logprobs import TRAIN_BYTES_PER_LOGIT
+    from echo_learner.training.logprobs import TRAIN_BYTES_PER_LOGIT
 
     g = torch.Generator().manual_seed(3)
 

@@ -7,12 +7,12 @@ import pytest
 import trio
 import trio.testing
 
-from echo_learner import verify as v
-from echo_learner.capacity import CapacityMeter
 from echo_learner.config import LearnerConfig
 from echo_learner.ledger import Ledger, Row
-from echo_learner.pool import PromptPool
+from echo_learner.swarm.capacity import CapacityMeter
+from echo_learner.swarm.pool import PromptPool
 from echo_learner.tasks.base import TaskPrompt
+from echo_learner.verify import verifier as v
 from protocol.wire.rollout import Completion, RolloutGroup
 from tests.protocol.samples import LEARNER, NODE, batch
 
@@ -188,8 +188,8 @@ async def test_take_batch_drops_groups_older_than_the_window():
 
 
 def _rollouts(version):
-    from echo_learner.pool import Rollouts
-    from echo_learner.trainer import ScoredGroup
+    from echo_learner.swarm.pool import Rollouts
+    from echo_learner.training.trainer import ScoredGroup
 
     return Rollouts(version, "A", ScoredGroup((257,), ((97,),), ((-1.0,),), (0.0,)))
 

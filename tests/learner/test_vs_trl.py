@@ -15,9 +15,9 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from echo_learner.logprobs import completion_logprobs
-from echo_learner.model import build_model, build_tokenizer
-from echo_learner.trainer import Batch, Objective, ScoredGroup, Trainer
+from echo_learner.training.logprobs import completion_logprobs
+from echo_learner.training.model import build_model, build_tokenizer
+from echo_learner.training.trainer import Batch, Objective, ScoredGroup, Trainer
 
 GROUP = 4
 MAX_COMPLETION_LENGTH = 8

@@ -13,10 +13,10 @@ import random
 import pytest
 import torch
 
-from echo_learner.logprobs import grouped_logprobs
-from echo_learner.lora import LoraSettings, adapter_bytes, frozen_copy, linear_layers, state_bytes, wrap
-from echo_learner.model import ModelError, config_json, load_model
-from echo_learner.tolerance import tolerance
+from echo_learner.training.logprobs import grouped_logprobs
+from echo_learner.training.lora import LoraSettings, adapter_bytes, frozen_copy, linear_layers, state_bytes, wrap
+from echo_learner.training.model import ModelError, config_json, load_model
+from echo_learner.verify.tolerance import tolerance
 from echo_node.backend_choice import llama_installed
 from echo_node.guard import Refused, check_version
 from protocol.models.families import FAMILIES as SUPPORTED
@@ -27,7 +27,7 @@ needs_llama = pytest.mark.skipif(
 )
 # The issue's bound for f32, tighter than verification's (5e-3). Not for
 # Gemma: llama.cpp's CPU GELU looks its input up in an f16 table
-# (echo_learner/tolerance.py), which put its worst token 1.4e-3 to 8.9e-3
+# (echo_learner/verify/tolerance.py), which put its worst token 1.4e-3 to 8.9e-3
 # away on these models; verification allows for it.
 PARITY_F32 = 1e-3
 EOS = 258
@@ -249,7 +249,7 @@ def test_a_sequence_past_every_window_matches_or_is_refused_at_the_door(family, 
     cannot (it runs Mistral as a llama, attending over everything): past the
     window the two part, so such a job is refused by the learner and such an
     assignment by a node, each in one line. (The other families have no window.)"""
-    from echo_learner.job_bounds import check_prompts_fit
+    from echo_learner.swarm.job_bounds import check_prompts_fit
     from echo_learner.tasks.base import TaskError
     from echo_learner.tasks.reverse import make as reverse
     from echo_node.guard import ModelLimits, check_assignment

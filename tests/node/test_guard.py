@@ -51,7 +51,7 @@ def published_version():
     """The built-in model's config and safetensors bytes, as a learner publishes them."""
     from safetensors.torch import save
 
-    from echo_learner.model import build_model, config_json
+    from echo_learner.training.model import build_model, config_json
 
     model = build_model()
     tied = model.config.tie_word_embeddings

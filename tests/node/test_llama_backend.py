@@ -15,10 +15,10 @@ from collections import Counter
 import pytest
 import torch
 
-from echo_learner.logprobs import grouped_logprobs
-from echo_learner.model import ModelShape, build_model, config_json
-from echo_learner.tolerance import tolerance
-from echo_learner.trainer import Objective, Trainer
+from echo_learner.training.logprobs import grouped_logprobs
+from echo_learner.training.model import ModelShape, build_model, config_json
+from echo_learner.training.trainer import Objective, Trainer
+from echo_learner.verify.tolerance import tolerance
 from echo_node.backend_choice import llama_installed
 from tests.families import randomize_adapter
 
@@ -190,7 +190,7 @@ def test_lora_versions_run_as_adapters_on_one_base(dtype, tmp_path):
     """Each LoRA version is a llama.cpp adapter on the base loaded once; the
     log-probs match the learner's PEFT model within the parity bound (f32) or
     the verification tolerance (q8_0, whose base alone is quantised)."""
-    from echo_learner.lora import LoraSettings, adapter_bytes, state_bytes, wrap
+    from echo_learner.training.lora import LoraSettings, adapter_bytes, state_bytes, wrap
     from echo_node.backend_llama import LlamaBackend
 
     base = trained()
@@ -229,7 +229,7 @@ def test_a_lora_version_on_the_base_version_in_use_does_not_load_the_base_again(
     """The base version is a full version a node loads first; the adapters
     made against it then go onto that very model (a second copy of a 0.6B
     q8_0 base and its context was what pushed such a node out of memory)."""
-    from echo_learner.lora import LoraSettings, adapter_bytes, state_bytes, wrap
+    from echo_learner.training.lora import LoraSettings, adapter_bytes, state_bytes, wrap
     from echo_node.backend_llama import LlamaBackend
 
     base = trained()

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from echo_learner.model import build_model
+from echo_learner.training.model import build_model
 from echo_node.backend_choice import llama_installed
 from echo_node.llama_decode import Generation
 from tests.node.test_llama_backend import EOS, llama, sharpened

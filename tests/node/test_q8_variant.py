@@ -11,10 +11,10 @@ import dataclasses
 import pytest
 import torch
 
-from echo_learner.lora import LoraSettings, adapter_bytes, state_bytes, wrap
-from echo_learner.model import config_json
-from echo_learner.publishing import JobManifestFields, Publisher
-from echo_learner.tolerance import tolerance
+from echo_learner.swarm.publishing import JobManifestFields, Publisher
+from echo_learner.training.lora import LoraSettings, adapter_bytes, state_bytes, wrap
+from echo_learner.training.model import config_json
+from echo_learner.verify.tolerance import tolerance
 from protocol import codec, manifest
 from protocol.broadcast.store import VersionStore
 from protocol.errors import ChunkHashMismatch, DecodeError

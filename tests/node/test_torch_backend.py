@@ -6,8 +6,8 @@ step by step into a static KV cache without keeping every step's logits."""
 import pytest
 import torch
 
-from echo_learner.lora import state_bytes
-from echo_learner.model import config_json
+from echo_learner.training.lora import state_bytes
+from echo_learner.training.model import config_json
 from echo_node.backend_torch import TorchBackend
 from tests.families import COMMON, FAMILIES, tiny_model
 

@@ -16,8 +16,8 @@ import zstandard
 from libp2p.peer.peerinfo import PeerInfo
 from safetensors.torch import save
 
-from echo_learner.lora import LoraSettings, adapter_state, state_bytes, wrap
-from echo_learner.model import ModelShape, build_model, config_json
+from echo_learner.training.lora import LoraSettings, adapter_state, state_bytes, wrap
+from echo_learner.training.model import ModelShape, build_model, config_json
 from echo_node.backend_torch import TorchBackend
 from echo_node.config import NodeConfig
 from echo_node.weights import Weights

@@ -14,9 +14,9 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from echo_learner.lora import LoraSettings, adapter_bytes, state_bytes, wrap
-from echo_learner.model import ModelShape, build_model, config_json
-from echo_learner.publishing import JobManifestFields, Publisher
+from echo_learner.swarm.publishing import JobManifestFields, Publisher
+from echo_learner.training.lora import LoraSettings, adapter_bytes, state_bytes, wrap
+from echo_learner.training.model import ModelShape, build_model, config_json
 from protocol import codec, manifest
 from protocol.broadcast.store import VersionStore
 from protocol.errors import DecodeError

@@ -1,0 +1,439 @@
+"""What the learner does with work and rollout requests (the protocols
+themselves: ``protocol.wire``; receipts: ``echo_learner.swarm.receipt_pages``).
+
+``handle_work`` hands prompts out of the pool (long-polling while it is
+empty); ``handle_rollouts`` verifies a batch, writes the verdict to the ledger
+and only then answers with the signed receipt. Every handler runs under
+``protocol.rpc.serve`` (deadline, per-peer error logging, stream cleanup).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+from libp2p.abc import INetStream
+
+from echo_learner.config import LearnerConfig
+from echo_learner.ledger import CREDIT_PER_TOKEN, Row
+from echo_learner.swarm import fairness
+from echo_learner.swarm.admission import Admission
+from echo_learner.swarm.capacity import window_left_s
+from echo_learner.swarm.loop_lag import LoopLag
+from echo_learner.swarm.peers import REFUSALS_PER_STRIKE, PeerBook, PeerStats
+from echo_learner.swarm.pool import Assignment, Rollouts
+from echo_learner.swarm.sizing import DEADLINE_SHARE, Worker, prompts_for
+from echo_learner.tasks.base import Task
+from echo_learner.training.trainer import ScoredGroup
+from echo_learner.verify.verifier import ACCEPTED, Verifier
+from protocol import codec, framing
+from protocol.errors import ProtocolError
+from protocol.identity import Identity
+from protocol.messages import UNKNOWN_JOB, UNSIGNED, ErrorReply
+from protocol.process.logs import event
+from protocol.rpc import remote_peer, route
+from protocol.wire import rollout, work
+from protocol.wire.rollout import MALFORMED, Receipt, RolloutBatch, RolloutGroup
+from protocol.wire.work import NoWork, Prompt, WorkAssignment, WorkRequest
+
+log = logging.getLogger(__name__)
+
+# The longest a busy learner tells a node to wait before asking again.
+MAX_RETRY_S = 60.0
+BANNED_WHY = "too many strikes (refused batches, prompts left unanswered); try again later"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Counters:
+    rollouts_accepted: int = 0
+    batches_accepted: int = 0
+    batches_refused: int = 0
+    refused: Counter[str] = field(default_factory=Counter)  # batches refused since start, by reason
+
+
+def credited_tokens(batch: RolloutBatch) -> int:
+    """The tokens ``batch`` earns credit for: a completion repeated within
+    its group counts once (one pass made it, however many copies are sent)."""
+    return sum(len(c) for g in batch.groups for c in {c.tokens for c in g.completions})
+
+
+class Ingest:
+    def __init__(
+        self,
+        config: LearnerConfig,
+        identity: Identity,
+        *,
+        verifier: Verifier,
+        task: Task,
+        decode: Callable[[list[int]], str],
+        peers: PeerBook,
+    ):
+        self.config = config
+        self.identity = identity
+        self.me = identity.peer_id_str
+        self.verifier = verifier
+        # Work is handed out from, and verdicts are written to, what batches
+        # are checked against: the verifier's limits, pool, ledger, versions
+        # and meters, taken from it so that they cannot differ.
+        self.limits = verifier.limits
+        self.job_id = verifier.limits.job_id
+        self.pool = verifier.pool
+        self.ledger = verifier.ledger
+        self.current_version = verifier.current_version
+        self.meter = verifier.meter
+        self.cpu = verifier.cpu
+        self.task = task
+        self.decode = decode
+        self.peers = peers
+        self.admission = Admission(self.pool, peers, within_s=config.assignment_timeout_s, group_size=config.group_size)
+        self.counters = Counters()
+        self.lag = LoopLag()
+        self.contributors: set[str] = set()
+        self._asking: Counter[str] = Counter()  # work requests under way per peer
+        self._waiting = 0  # work requests waiting for the pool to change
+        # Work requests refused for being over the limit, per peer (bounded:
+        # cleared past max_peers_tracked peers).
+        self._refusals: Counter[str] = Counter()
+
+    # --- work ----------------------------------------------------------------------
+
+    async def handle_work(self, stream: INetStream) -> None:
+        peer, via = remote_peer(stream), route(stream.muxed_conn)
+        await work.answer(stream, lambda req: self._work(peer, via, req))
+
+    async def _work(self, peer: str, via: str, req: WorkRequest) -> work.Reply:
+        self.peers.on_work_request(peer, req, via)
+        if self.peers.banned(peer):  # first: told so, it is then disconnected (service.py)
+            return ErrorReply(work.BANNED, BANNED_WHY)
+        if req.job_id != self.job_id:
+            return ErrorReply(UNKNOWN_JOB, f"this learner runs {self.job_id}")
+        if self.lag.lag_s * 1000 > self.config.busy_lag_ms:
+            return NoWork(
+                self.job_id,
+                max(self.current_version(), 0),
+                retry_after_ms=self._busy_retry_ms(),
+                reason="busy: the learner is at capacity; ask again after retry_after_ms",
+            )
+        if self._asking[peer] >= self.config.max_work_requests:
+            # An honest node never gets here; a peer that keeps trying does,
+            # and each REFUSALS_PER_STRIKE-th refusal is a strike.
+            if len(self._refusals) >= self.config.max_peers_tracked:
+                self._refusals.clear()
+            self._refusals[peer] += 1
+            if self._refusals[peer] % REFUSALS_PER_STRIKE == 0:
+                self.peers.strike(peer)
+            return ErrorReply(
+                work.TOO_MANY_REQUESTS, f"at most {self.config.max_work_requests} work requests at a time"
+            )
+        self._asking[peer] += 1
+        try:
+            return await self._long_poll(peer, req)
+        finally:
+            self._asking[peer] -= 1
+            if not self._asking[peer]:
+                del self._asking[peer]
+
+    def _busy_retry_ms(self) -> int:
+        """When a request turned away at capacity should come back: a long
+        poll's time, longer the later the loop runs, spread over +-25 %."""
+        cfg = self.config
+        wait_s = cfg.long_poll_s * self.lag.lag_s * 1000 / cfg.busy_lag_ms
+        return int(min(max(wait_s, 1.0), MAX_RETRY_S) * random.uniform(0.75, 1.25) * 1000)
+
+    def _retry_after_ms(self) -> int:
+        """When a request turned away for a full waiting room should come back:
+        about when the prompts the waiting ones will take have been handed
+        out (at the learner's measured pace), spread over +-25 % so that they
+        do not all come back in the same second."""
+        cfg, meter = self.config, self.meter
+        per_s = cfg.prompts_per_step / meter.step_period_s if meter.step_period_s > 0 else 0.0
+        wait_s = self._waiting / per_s if per_s > 0 else cfg.long_poll_s
+        return int(min(max(wait_s, 1.0), MAX_RETRY_S) * random.uniform(0.75, 1.25) * 1000)
+
+    async def _long_poll(self, peer: str, req: WorkRequest) -> work.Reply:
+        """Answer ``req`` with prompts as soon as ``peer`` may have some, or with
+        NoWork after ``long_poll_s`` (at once, with a time to come back, when
+        ``max_waiting_requests`` are waiting already: each waiting request
+        looks again at every change of the pool, which costs the learner more
+        than a quick answer when a crowd waits)."""
+        with trio.move_on_after(self.config.long_poll_s):
+            while True:
+                if self.peers.banned(peer):  # checked again after each wait: bans come mid-wait
+                    return ErrorReply(work.BANNED, BANNED_WHY)
+                version = self.current_version()
+                held = self.pool.held()  # prompts each peer holds unanswered
+                oldest, in_window_s = self._version_for(peer, req, held[peer])
+                wanted = min(req.max_prompts, self._sized_for(peer, in_window_s, held), self._room_for(peer, held))
+                taken = self.pool.take(peer, wanted, version) if wanted else []
+                if taken:
+                    self.peers.seen(peer).assigned += len(taken)
+                    return self._assignment(version, oldest, taken)
+                if self._waiting >= self.config.max_waiting_requests:
+                    return NoWork(
+                        self.job_id,
+                        max(version, 0),
+                        retry_after_ms=self._retry_after_ms(),
+                        reason="busy: too many waiting; ask again after retry_after_ms",
+                    )
+                self._waiting += 1
+                try:
+                    if peer in self.pool.newcomers:
+                        # A newcomer looks again only every newcomer_retry_s: a
+                        # crowd of them woken at every pool change would cost the
+                        # learner more than they bring.
+                        await trio.sleep(self.config.newcomer_retry_s)
+                        continue
+                    # An expiring prompt frees room too, and nothing announces it.
+                    with trio.move_on_at(self.pool.next_expiry() + 0.01):
+                        await self.pool.wait_changed()
+                finally:
+                    self._waiting -= 1
+        return NoWork(self.job_id, max(self.current_version(), 0), retry_after_ms=0, reason="no prompts open")
+
+    def _version_for(self, peer: str, req: WorkRequest, holds: int) -> tuple[int, float]:
+        """Admission control (async mode): the oldest version ``peer`` may
+        generate its next prompts with, and the seconds until the version it
+        will use leaves the staleness window at the learner's measured pace
+        (inf in sync mode, or before the pace is measured).
+
+        The version it holds, if that stays in the window long enough for
+        what it holds plus one more prompt (at its measured rate, with the
+        deadline's margin; it holds ``holds``): then any in the window will do. Else the oldest
+        newer one that stays long enough once fetched (a broadcast's time),
+        or at worst the current one. Handing a node prompts to make with a
+        version about to leave cost 1.2 % of honest batches
+        (bench/convergence.py): they arrived out of the window."""
+        cfg, meter, window = self.config, self.meter, self.verifier.window()
+        if cfg.window == 0 or meter.step_period_s <= 0:
+            return window.lo, math.inf
+        current, need_s = self.current_version(), self._one_more_s(peer, holds)
+
+        def left_s(version: int) -> float:
+            return window_left_s(
+                version=version,
+                current=current,
+                staleness=cfg.window,
+                publish_every=cfg.publish_every,
+                steps_since=meter.steps_since_publish,
+                step_period_s=meter.step_period_s,
+                since_publish_s=time.monotonic() - meter.last_published,
+                broadcast_s=meter.broadcast_s,
+            )
+
+        if req.held_version in window and (held_s := left_s(req.held_version)) >= need_s:
+            return window.lo, held_s
+        for version in range(max(window.lo, req.held_version + 1), current + 1):
+            fetched_s = left_s(version) - meter.broadcast_s
+            if fetched_s >= need_s or version == current:
+                return version, max(0.0, fetched_s)
+        return current, 0.0  # it holds a version newer than ours (a learner restarted from an older checkpoint)
+
+    def _one_more_s(self, peer: str, holds: int) -> float:
+        """Seconds ``peer`` needs for the ``holds`` prompts it holds and one more, at its
+        measured rate, within the share of a deadline its work may fill
+        (0 before its rate is measured)."""
+        stats = self.peers.peers.get(peer)
+        if stats is None or stats.rate <= 0:
+            return 0.0
+        return (holds + 1) * self.config.group_size / stats.rate / DEADLINE_SHARE
+
+    def _sized_for(self, peer: str, in_window_s: float, held: Counter[str]) -> int:
+        """Prompts ``peer`` finishes by the end of the round and well inside
+        the deadline (echo_learner.swarm.sizing); in async mode the deadline is
+        also the version it will use leaving the window in ``in_window_s``
+        (admission control: work it cannot return in time is not handed out)."""
+        cfg = self.config
+        if not cfg.size_work:
+            return cfg.prompts_per_request
+        stats = self.peers.peers.get(peer)
+        now = trio.current_time()
+        round_ends_in_s = self.admission.view().round_ends_in_s(now)
+        return prompts_for(
+            stats.rate if stats else 0.0,
+            min(cfg.assignment_timeout_s, in_window_s),
+            cfg.group_size,
+            cfg.prompts_per_request,
+            held=held[peer],
+            busy_s=self._worker(stats, held, self.pool.held_since(), now).busy_s if stats and stats.rate > 0 else 0.0,
+            round_ends_in_s=round_ends_in_s,
+            handed_this_round=self.pool.handed(peer),
+        )
+
+    def _worker(self, s: PeerStats, held: Counter[str], since: dict[str, float], now: float) -> Worker:
+        """``s``'s node as the round's model sees it: busy with what it holds
+        from the later of its oldest prompt and its latest answer."""
+        rate = s.rate / self.config.group_size
+        busy_s = max(0.0, max(since.get(s.peer, now), s.answered_at) + held[s.peer] / rate - now)
+        return Worker(rate, busy_s)
+
+    def _room_for(self, peer: str, held: Counter[str]) -> int:
+        """How many more prompts ``peer`` may hold now (echo_learner.swarm.fairness)."""
+        view = self.admission.view()
+        return fairness.room(
+            peer,
+            capacity=self.pool.capacity,
+            per_request=self.config.prompts_per_request,
+            newcomer_share=self.config.newcomer_share,
+            active=view.active,
+            proven=view.proven,
+            held=held,
+            newcomers_hold=view.newcomers_hold,
+        )
+
+    def _assignment(self, version: int, oldest: int, taken: list[Assignment]) -> WorkAssignment:
+        cfg = self.config
+        return WorkAssignment(
+            job_id=self.job_id,
+            version=version,
+            min_version=oldest,
+            prompts=tuple(Prompt(a.prompt_id, a.tokens) for a in taken),
+            group_size=cfg.group_size,
+            max_new_tokens=self.limits.max_new_tokens,
+            temperature=self.limits.temperature,
+            stop_token_ids=tuple(sorted(self.limits.stop_ids)),  # what check_batch holds nodes to
+            deadline_ms=now_ms() + int(cfg.assignment_timeout_s * 1000),
+        )
+
+    # --- rollouts ------------------------------------------------------------------
+
+    async def handle_rollouts(self, stream: INetStream) -> None:
+        sender = remote_peer(stream)
+        if self.peers.banned(sender):
+            # Not read, and no ledger row: a banned peer sending batch after
+            # batch would otherwise grow the ledger by a refused row each.
+            await framing.send(stream, ErrorReply(work.BANNED, "too many strikes; try again later"))
+            return
+        await rollout.answer(
+            stream,
+            lambda batch: self._judge(sender, batch),
+            lambda exc: self._record_malformed(sender, exc),
+            on_decoded=lambda seconds: self.cpu.add("decode", seconds),
+        )
+
+    async def _judge(self, sender: str, batch: RolloutBatch) -> Receipt:
+        """Verify ``batch``, record the verdict in the ledger and return the
+        signed receipt (sent only after the ledger write)."""
+        reason = await self.verifier.judge(batch, sender, banned=self.peers.banned(sender))
+        accepted = reason is None
+        rollouts = sum(len(g.completions) for g in batch.groups)
+        tokens = credited_tokens(batch)
+        with self.cpu.phase("receipt"):
+            receipt = self._receipt(batch, reason, tokens)
+        # Write before ack: the row (and an accepted batch itself) is committed
+        # before the node sees its receipt.
+        with self.cpu.phase("ledger"):
+            kept = codec.encode(batch) if accepted else None
+            self.ledger.record(Row.of_receipt(receipt, peer=sender, nonce=batch.nonce, rollouts=rollouts, batch=kept))
+        cycle_s = None
+        if reason is None:
+            cycle_s = self._take(sender, batch, rollouts)
+        else:
+            self._give_back(sender, batch, reason)
+        # generate_ms is the node's own word; it only feeds the capacity forecast.
+        self.peers.on_verdict(sender, receipt.reason, rollouts, receipt.tokens, cycle_s, batch.generate_ms / 1000)
+        self.peers.seen(sender).caught = self.verifier.evidence.caught.get(sender, "")
+        return receipt
+
+    def _take(self, sender: str, batch: RolloutBatch, rollouts: int) -> float:
+        """Score the accepted ``batch``'s groups into the pool; the seconds
+        ``sender`` worked on it.
+
+        The node worked on it since it was handed out, or since its previous
+        batch came in if it took this one early (nodes fetch their next
+        assignment while generating): then the trip to us overlaps the next
+        generation and costs it nothing."""
+        assignments = [self.pool.lookup(g.prompt_id) for g in batch.groups]
+        now, stats = trio.current_time(), self.peers.seen(sender)
+        busy_since = max(min(a.handed_at for a in assignments if a is not None), stats.answered_at)
+        stats.answered_at = now
+        rewards = []
+        for a, group in zip(assignments, batch.groups):
+            assert a is not None
+            scored = self._score(a, group)
+            self.pool.answer(a, Rollouts(batch.version, sender, scored))
+            rewards.append(list(scored.rewards))
+        declared = (batch.backend, batch.dtype, batch.device)
+        twins = [a.twin for a in assignments if a is not None]
+        for peer, reason in self.verifier.evidence.add_rewards(sender, declared, batch.version, rewards, twins).items():
+            self.verifier.caught(peer, reason)  # its next batch is refused
+        self.counters.rollouts_accepted += rollouts
+        self.counters.batches_accepted += 1
+        self.cpu.accepted += 1
+        self.contributors.add(sender)
+        return now - busy_since
+
+    def _give_back(self, sender: str, batch: RolloutBatch, reason: str) -> None:
+        """Count and log the refused ``batch``, and hand its prompts to
+        another node now, not at their deadline (a sync step would wait that
+        long for them); the sender keeps none of them. Their lapse is no
+        strike: a batch made in good faith with a version we have since left
+        behind earns none, and any other refusal is struck once, by the
+        ledger's verdict."""
+        self.counters.batches_refused += 1
+        self.counters.refused[reason] += 1
+        handed, window = self.pool.lookup(batch.groups[0].prompt_id) if batch.groups else None, self.verifier.window()
+        event(
+            log,
+            logging.INFO,
+            "refused batch",
+            peer=sender,
+            reason=reason,
+            version=batch.version,
+            window=f"{window.lo}-{window.hi}",
+            # When and at which version its prompts were handed out: says
+            # whether the node was slow or given too little time.
+            handed_at_version=handed.version if handed else None,
+            handed_s_ago=round(trio.current_time() - handed.handed_at, 2) if handed else None,
+        )
+        self.pool.release(sender, [g.prompt_id for g in batch.groups])
+
+    def _receipt(self, batch: RolloutBatch, reason: str | None, tokens: int) -> Receipt:
+        """The signed verdict on ``batch``: accepted if ``reason`` is None."""
+        accepted = reason is None
+        return self.identity.sign(
+            Receipt(
+                job_id=self.job_id,
+                batch_hash=codec.digest(batch),
+                peer_id=batch.peer_id,
+                version=batch.version,
+                verdict="accepted" if accepted else "refused",
+                reason=reason or ACCEPTED,
+                tokens=tokens if accepted else 0,
+                credit=tokens * CREDIT_PER_TOKEN if accepted else 0.0,
+                created_ms=now_ms(),
+                learner_id=self.me,
+                signature=UNSIGNED,
+            )
+        )
+
+    def _score(self, assignment: Assignment, group: RolloutGroup) -> ScoredGroup:
+        rewards = []
+        for c in group.completions:
+            ids = list(c.tokens)
+            stop = next((i for i, t in enumerate(ids) if t in self.limits.stop_ids), len(ids))
+            ids = ids[:stop]
+            rewards.append(self.task.reward(assignment.prompt, self.decode(ids)))
+        return ScoredGroup(
+            prompt_tokens=assignment.tokens,
+            completions=tuple(c.tokens for c in group.completions),
+            behaviour_logprobs=tuple(c.logprobs for c in group.completions),
+            rewards=tuple(rewards),
+        )
+
+    def _record_malformed(self, sender: str, exc: ProtocolError) -> None:
+        """An undecodable or oversized batch is a verdict too: a ledger row, a strike."""
+        self.ledger.record(Row.unread(sender, MALFORMED, now_ms()))
+        self.counters.batches_refused += 1
+        self.counters.refused[MALFORMED] += 1
+        self.peers.on_verdict(sender, MALFORMED, 0, 0)
+        event(log, logging.INFO, "refused batch", peer=sender, reason=MALFORMED, error=exc)
