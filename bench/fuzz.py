@@ -41,7 +41,9 @@ sys.path.insert(0, str(ROOT))
 from bench.fuzz_updates import PEAK_BOUNDS  # noqa: E402
 from bench.fuzz_updates import targets as update_targets  # noqa: E402
 from echo_learner.operator.api import Server, _handle  # noqa: E402
-from echo_node.guard import Refused, model_shape, weight_elements  # noqa: E402
+from echo_node.guard import weight_elements  # noqa: E402
+from echo_node.model_shape import model_shape  # noqa: E402
+from echo_node.refusals import Refused  # noqa: E402
 from protocol import codec, framing, invite  # noqa: E402
 from protocol.broadcast import bitfield  # noqa: E402
 from protocol.errors import ProtocolError  # noqa: E402

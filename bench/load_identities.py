@@ -59,8 +59,9 @@ from echo_node import receipts  # noqa: E402
 from echo_node.backend import Sample  # noqa: E402
 from echo_node.backend_torch import TorchBackend  # noqa: E402
 from echo_node.config import NodeConfig  # noqa: E402
-from echo_node.guard import Refused, check_assignment  # noqa: E402
+from echo_node.guard import check_assignment  # noqa: E402
 from echo_node.node import Node  # noqa: E402
+from echo_node.refusals import Refused  # noqa: E402
 from protocol.broadcast.following import VersionTooLarge  # noqa: E402
 from protocol.broadcast.state import PEER_ERRORS  # noqa: E402
 from protocol.errors import ProtocolError  # noqa: E402

@@ -144,8 +144,8 @@ def node_estimate_gib(
     spare; llama.cpp loads its base once, from ``variant`` if it fetched
     one), one generate call, and the headroom it keeps for its own Python heap."""
     from echo_node.backend_choice import spec_of
-    from echo_node.guard import model_shape
     from echo_node.memory import HEADROOM, WEIGHT_BYTES, call_need, load_need
+    from echo_node.model_shape import model_shape
 
     shape, spec = model_shape(config_json), spec_of(backend)
     # A backend that merges adapters builds the next version beside the one in use.

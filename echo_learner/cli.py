@@ -268,11 +268,11 @@ def run(config: LearnerConfig, *, verbose: bool) -> None:
         fail(PROG, str(exc))
     except OSError as exc:
         fail(PROG, f"cannot start: {exc}")
-    c = learner.ingest.counters
+    c = learner.rollouts.counters
     print(
         f"learner {'stopped' if stopped else 'finished'}: step {learner.step}, version "
         f"{learner.version}, {c.rollouts_accepted} rollouts accepted from "
-        f"{len(learner.ingest.contributors)} nodes, {c.batches_refused} batches refused",
+        f"{len(learner.rollouts.contributors)} nodes, {c.batches_refused} batches refused",
         flush=True,
     )
     sys.exit(0)

@@ -350,6 +350,6 @@ class LearnerConfig(ConnectionSettings):
         return self.data_dir / "api.json"
 
     @property
-    def window(self) -> int:
+    def staleness_in_force(self) -> int:
         """Staleness bound S in force: 0 in sync mode."""
         return 0 if self.mode == "sync" else self.staleness

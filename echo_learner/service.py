@@ -4,7 +4,8 @@ One nursery (the host's) owns everything. ``run`` reads top to bottom: open
 the ledger, start fresh or resume from the checkpoint, join the swarm, start
 the status API, publish the first version, announce the job, then train step
 by step. Nodes take prompts from the pool through the work protocol and return
-signed rollouts through the rollout protocol (``echo_learner.swarm.ingest``); a
+signed rollouts through the rollout protocol (``echo_learner.swarm.work_handler``,
+``echo_learner.swarm.rollout_handler``); a
 step takes a batch of verified groups from the pool, trains (in a worker
 thread) and, every ``publish_every`` steps, publishes the next version.
 """
@@ -33,13 +34,15 @@ from echo_learner.metrics import LearnerMetrics
 from echo_learner.swarm.bootstrap_probe import BootstrapProbe
 from echo_learner.swarm.capacity import CapacityMeter
 from echo_learner.swarm.directory import JobDirectory
-from echo_learner.swarm.ingest import Ingest, now_ms
 from echo_learner.swarm.job_bounds import check_answers_fit, check_prompts_fit
+from echo_learner.swarm.loop_lag import LoopLag
 from echo_learner.swarm.pacing import Pacing
 from echo_learner.swarm.peers import Newcomers, PeerBook
 from echo_learner.swarm.pool import PromptPool
 from echo_learner.swarm.publishing import JobManifestFields, Publisher
 from echo_learner.swarm.receipt_pages import PageBudget, ReceiptPages
+from echo_learner.swarm.rollout_handler import RolloutHandler
+from echo_learner.swarm.work_handler import WorkHandler, now_ms
 from echo_learner.tasks.base import Task, TaskPrompt
 from echo_learner.tasks.registry import load_task
 from echo_learner.training import checkpoint
@@ -198,7 +201,7 @@ class Learner:
             on_lapsed=functools.partial(self.peers.lapsed, deadline_s=config.assignment_timeout_s),
             newcomers=Newcomers(self.peers, config.assignment_timeout_s),
         )
-        self.policies = Policies(keep=config.window + 1)
+        self.policies = Policies(keep=config.staleness_in_force + 1)
         self.bans = PeerBans(max_peers=config.max_peers_tracked)
         self.metrics = LearnerMetrics(self.status)
         self.meter = CapacityMeter(config.capacity_window_s, self.metrics.timings)
@@ -222,13 +225,16 @@ class Learner:
             pad_id=self.tokenizer.pad_token_id,
             current_version=lambda: self.version,
         )
-        self.ingest = Ingest(
-            config,
+        self.lag = LoopLag()
+        self.work = WorkHandler(config, verifier=self.verifier, pool=self.pool, peers=self.peers, lag=self.lag)
+        self.rollouts = RolloutHandler(
             self.identity,
             verifier=self.verifier,
+            pool=self.pool,
+            ledger=self.ledger,
+            peers=self.peers,
             task=self.task,
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
-            peers=self.peers,
         )
         self.receipt_pages = ReceiptPages(
             self.ledger,
@@ -250,7 +256,7 @@ class Learner:
         """A work request; its node's connection is kept from then on (``keep_connection``)."""
         assert self.swarm is not None
         keep_connection(self.swarm.host, stream.muxed_conn.peer_id)
-        await self.ingest.handle_work(stream)
+        await self.work.handle(stream)
 
     def _shutting_out_banned(self, handler: Handler, nursery: trio.Nursery) -> Handler:
         """``handler``, after which a peer that was banned when it asked (and
@@ -319,7 +325,7 @@ class Learner:
                 await self._start_broadcast(swarm, nursery)
                 nursery.start_soon(self.heldout.run)
                 nursery.start_soon(self.verifier.recomputer.run)
-                nursery.start_soon(self.ingest.lag.run)
+                nursery.start_soon(self.lag.run)
                 nursery.start_soon(self.pacing.check_forecasts)
                 api_url = await nursery.start(serve_api, self, cfg.status_host, cfg.status_port, cfg.status_token)
                 # Atomically: `status`, the demo and tests read it while we run.
@@ -352,8 +358,8 @@ class Learner:
         for protocol, handler, kept in (
             (work.PROTOCOL, self._handle_work, True),
             (work.PROTOCOL_1_4, self._handle_work, False),
-            (rollout.PROTOCOL, self.ingest.handle_rollouts, True),
-            (rollout.PROTOCOL_1_1, self.ingest.handle_rollouts, False),
+            (rollout.PROTOCOL, self.rollouts.handle, True),
+            (rollout.PROTOCOL_1_1, self.rollouts.handle, False),
             (receipts.PROTOCOL, self._handle_receipts, False),
         ):
             shut_out = self._shutting_out_banned(handler, nursery)
@@ -477,7 +483,7 @@ class Learner:
                 if sync:
                     self.pool.set_open(True, min_version=self.version)
                 asked = time.monotonic()
-                batch = await self.pool.take_batch(cfg.prompts_per_step, self.version - cfg.window)
+                batch = await self.pool.take_batch(cfg.prompts_per_step, self.version - cfg.staleness_in_force)
                 if sync:
                     self.pool.set_open(False)
                 staleness = sum(self.version - r.version for r in batch) / len(batch)
@@ -487,7 +493,7 @@ class Learner:
                 # checkpoint written on the way out must say which step they are.
                 with trio.CancelScope(shield=True):
                     stats: StepStats = await trio.to_thread.run_sync(
-                        self.ingest.cpu.timed, "train", self.trainer.step, [r.group for r in batch]
+                        self.verifier.cpu.timed, "train", self.trainer.step, [r.group for r in batch]
                     )
                     self.step += 1
                 trained = time.monotonic()
@@ -501,7 +507,7 @@ class Learner:
                 bar(self.step, reward=f"{stats.reward_mean:.3f}", version=self.version)
 
     def _write_metrics(self, stats: StepStats, staleness: float) -> None:
-        c = self.ingest.counters
+        c = self.rollouts.counters
         inputs = self.pacing.on_step()
         record = {
             "step": self.step - 1,
@@ -518,7 +524,7 @@ class Learner:
             "batches_accepted": c.batches_accepted,
             "batches_refused": c.batches_refused,
             "refusals": dict(c.refused),  # since this start (the ledger keeps them all)
-            "contributors": len(self.ingest.contributors),
+            "contributors": len(self.rollouts.contributors),
             "utilization": round(self.meter.utilization(), 4),
             "capacity": inputs.to_json(),
             "predicted_utilization": round(self.pacing.outlook(inputs).utilization, 4),
@@ -585,7 +591,7 @@ class Learner:
             signed, chunks = build(version)
             return signed, chunks, self.trainer.snapshot() if policy else None
 
-        signed, chunks, snapshot = await trio.to_thread.run_sync(self.ingest.cpu.timed, "publish", build_all)
+        signed, chunks, snapshot = await trio.to_thread.run_sync(self.verifier.cpu.timed, "publish", build_all)
         if self.publisher.base is not None and self.publisher.base[0] is signed:
             await self._publish_variants()
         encoded = codec.encode(signed)
@@ -596,7 +602,7 @@ class Learner:
         await self.engine.publish(signed, chunks)
         self.bytes_published += signed.total_size
         self.version = version
-        self.pool.set_open(self.pool.open, min_version=version - self.config.window)
+        self.pool.set_open(self.pool.open, min_version=version - self.config.staleness_in_force)
         self.meter.on_publish(version, t0, time.monotonic())
         self.directory.published(version, encoded)
 
@@ -639,7 +645,7 @@ class Learner:
 
     def status(self) -> dict:
         cfg = self.config
-        c = self.ingest.counters
+        c = self.rollouts.counters
         inputs = self.pacing.inputs()
         recent = list(self.history)[-20:]
         steps_per_s = 0.0
@@ -652,7 +658,7 @@ class Learner:
             "model": describe(cfg.model),
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "mode": cfg.mode,
-            "staleness": cfg.window,
+            "staleness": cfg.staleness_in_force,
             "publish_every": 1 if cfg.mode == "sync" else cfg.publish_every,
             "version": self.version,
             "step": self.step,
@@ -666,7 +672,7 @@ class Learner:
             "batches_refused": c.batches_refused,
             "prompts_expired": self.pool.expired,
             "refusals": self.ledger.refusal_counts(),
-            "contributors": len(self.ingest.contributors),
+            "contributors": len(self.rollouts.contributors),
             "peers": len(self.peers.active(within_s=cfg.capacity_window_s)),
             "banned_connections_refused": self.bans.refused,
             "cooled_sockets_closed": self.swarm.gate.cooled if self.swarm and self.swarm.gate else 0,
@@ -677,8 +683,8 @@ class Learner:
             "bootstrap": self.bootstrap_probe.to_json() if self.bootstrap_probe else [],
             "addrs": self.addrs,
             "load": {
-                **self.ingest.cpu.to_json(),
-                "loop_lag_ms": round(self.ingest.lag.lag_s * 1000, 1),
+                **self.verifier.cpu.to_json(),
+                "loop_lag_ms": round(self.lag.lag_s * 1000, 1),
                 "tasks": task_count(),
             },
         }

@@ -18,7 +18,7 @@ import trio
 from libp2p.peer.id import ID
 
 from echo_node.config import NodeConfig
-from echo_node.guard import Refused
+from echo_node.refusals import Refused
 from protocol.broadcast.following import VersionTooLarge
 from protocol.errors import ProtocolError
 from protocol.messages import ErrorReply

@@ -30,7 +30,7 @@ from protocol.models.updates import UpdateLimits
 from protocol.wire.work import WorkAssignment
 
 if TYPE_CHECKING:
-    from echo_node.guard import ModelShape
+    from echo_node.model_shape import ModelShape
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 
 from echo_node.backend import BackendSpec, Sample
 from echo_node.device import Device, cpu
-from echo_node.guard import ModelShape
 from echo_node.memory import Need
+from echo_node.model_shape import ModelShape
 from protocol.models import updates
 from protocol.models.gguf_export import f32_tensors, write_gguf
 from protocol.models.gguf_lora import write_lora_gguf

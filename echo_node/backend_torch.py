@@ -11,8 +11,8 @@ from transformers import CONFIG_MAPPING, AutoModelForCausalLM, LogitsProcessor, 
 
 from echo_node.backend import BackendSpec, Sample
 from echo_node.device import Device, cpu, torch_gpu_kinds
-from echo_node.guard import ModelShape
 from echo_node.memory import Need, kv_bytes_per_token
+from echo_node.model_shape import ModelShape
 from protocol.models import updates
 from protocol.models.families import family_of
 

@@ -328,9 +328,9 @@ def join(config: NodeConfig, learner_addrs: tuple[str, ...], *, verbose: bool) -
     import trio
 
     from echo_node.backend_choice import BackendUnavailable, choose
-    from echo_node.guard import Refused
     from echo_node.learner_lookup import NoLearnerFound
     from echo_node.node import Node
+    from echo_node.refusals import Refused
     from protocol.identity import load_or_exit
     from protocol.messages import MAX_NAME
     from protocol.net.host import BadMultiaddr, check_addrs

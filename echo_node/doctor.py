@@ -38,8 +38,9 @@ from echo_node import status
 from echo_node.backend_choice import BackendUnavailable, choose, spec_of, specs
 from echo_node.config import NodeConfig
 from echo_node.device import Device, cpu
-from echo_node.guard import Refused, model_shape
 from echo_node.memory import GiB, choose_dtype, free_bytes, gib, load_need
+from echo_node.model_shape import model_shape
+from echo_node.refusals import Refused
 from protocol.identity import Identity
 from protocol.messages import Manifest
 from protocol.net.host import any_port, parse_peer_addr

@@ -24,7 +24,8 @@ from libp2p.network.exceptions import SwarmException
 from libp2p.peer.peerinfo import PeerInfo
 
 from echo_node.config import NodeConfig
-from echo_node.guard import DoesNotFit, Refused, model_shape
+from echo_node.model_shape import model_shape
+from echo_node.refusals import DoesNotFit, Refused
 from protocol.ids import JOB_DIRECTORY_KEY, manifest_keys, swarm_keys
 from protocol.messages import Manifest
 from protocol.net.records import InvalidRecord, decode_record

@@ -22,8 +22,8 @@ from libp2p.peer.peerinfo import PeerInfo
 from libp2p.peer.peerstore import PERMANENT_ADDR_TTL
 
 from echo_node.config import NodeConfig
-from echo_node.guard import DoesNotFit
 from echo_node.jobs import Job, JobCheck, check_model, describe_choice, list_jobs, log_skipped, read_job
+from echo_node.refusals import DoesNotFit
 from protocol.ids import JOB_DIRECTORY_KEY
 from protocol.messages import Manifest
 from protocol.net.host import parse_multiaddr

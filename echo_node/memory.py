@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from echo_node.device import Device, available_ram
-from echo_node.guard import ModelShape, Refused
+from echo_node.model_shape import ModelShape
+from echo_node.refusals import Refused
 
 if TYPE_CHECKING:
     from echo_node.backend import Backend, BackendSpec

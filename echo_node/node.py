@@ -29,11 +29,12 @@ from echo_node import job_memory, receipts, status
 from echo_node.asking import ask_once, keep_asking
 from echo_node.backend import Backend, generate_in_calls
 from echo_node.config import NodeConfig
-from echo_node.guard import Refused, check_assignment
+from echo_node.guard import check_assignment
 from echo_node.jobs import check_model
 from echo_node.learner_lookup import NoLearnerFound, find_learner, relocate_learner
 from echo_node.memory import GiB, free_bytes, prompts_per_call
 from echo_node.reachability import ReachabilityWatch
+from echo_node.refusals import Refused
 from echo_node.weights import Weights
 from protocol.broadcast.engine import BroadcastConfig, BroadcastEngine
 from protocol.broadcast.following import VersionTooLarge

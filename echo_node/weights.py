@@ -19,8 +19,10 @@ from safetensors import SafetensorError
 
 from echo_node.backend import Backend
 from echo_node.config import NodeConfig
-from echo_node.guard import DoesNotFit, ModelLimits, ModelShape, Refused, check_version, model_shape
+from echo_node.guard import ModelLimits, check_version
 from echo_node.memory import choose_dtype, fit_backend, gib, load_need
+from echo_node.model_shape import ModelShape, model_shape
+from echo_node.refusals import DoesNotFit, Refused
 from protocol.broadcast.engine import BroadcastEngine
 from protocol.broadcast.following import VersionTooLarge
 from protocol.errors import ProtocolError

@@ -88,9 +88,7 @@ MAX_OPEN = 512  # connections open at once (past it, new ones wait in the kernel
 MAX_ACCEPTS_PER_S = 200.0
 MAX_READING_HEADS = 256  # connections still sending their request head; past it the oldest is closed
 MAX_ANSWERING = 32
-# The page asks for 5 paths every 2 s (2.5 answers/s per viewer). At 20 a
-# second, 8 clients polling flat out cost a sync learner 12 % of its rate
-# (bench/attacks.py api_pollers, 2026-11-27).
+# The page asks for 5 paths every 2 s (2.5 answers/s per viewer); why 10: docs/limits.md.
 MAX_ANSWERS_PER_S = 10.0
 ACCEPT_RETRY_S = 0.1
 SNAPSHOT_S = 1.0

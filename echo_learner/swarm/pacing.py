@@ -69,7 +69,7 @@ class Pacing:
         active = self.peers.active(within_s=cfg.capacity_window_s)
         cycles = [p.cycle_s for p in active if p.cycle_s > 0]
         return ForecastInputs(
-            staleness=cfg.window,
+            staleness=cfg.staleness_in_force,
             publish_every=1 if cfg.mode == "sync" else max(cfg.publish_every, self.meter.steps_per_version),
             rollouts_per_step=cfg.prompts_per_step * cfg.group_size,
             train_s=round(self.meter.train_s, 4),

@@ -190,7 +190,7 @@ class PeerBook:
         another deadline (bench/convergence.py, sync: 72 s without a step)."""
         stats = self.peers.get(peer) or self.seen(peer)
         stats.strikes.append(time.time())
-        self._judge(stats)
+        self._ban_if_struck_out(stats)
 
     def lapsed(self, peer: str, deadline_s: float) -> None:
         """``peer`` let prompts expire unanswered: a strike, so that a peer
@@ -208,9 +208,9 @@ class PeerBook:
         if stats.lapses and now - stats.lapses[-1] < deadline_s:
             return
         stats.lapses.append(now)
-        self._judge(stats)
+        self._ban_if_struck_out(stats)
 
-    def _judge(self, stats: PeerStats) -> None:
+    def _ban_if_struck_out(self, stats: PeerStats) -> None:
         now = time.time()
         for strikes in (stats.strikes, stats.lapses):
             while strikes and strikes[0] < now - self.strike_window_s:

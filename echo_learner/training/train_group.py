@@ -1,7 +1,7 @@
 """``--train-procs N``: the training step on N ``torchrun`` ranks with FSDP.
 
 ``TrainGroup`` has the ``Trainer``'s interface, so the learner's service
-process runs unchanged: it keeps ingest, verification, the ledger,
+process runs unchanged: it keeps the work and rollout handlers, verification, the ledger,
 publishing and checkpoints, and its own copy of the policy (``model``) for
 what those need (snapshots to verify against, weights to publish). Each
 ``step`` goes to the ranks (``echo_learner.training.train_worker``); the service's copy

@@ -1,7 +1,7 @@
 """Rollout verification: every batch is checked before it is trained on or credited.
 
 The checks run in a fixed order, cheapest and most telling first, and the
-first failure is the receipt's reason (``Verifier.judge`` runs them all):
+first failure is the receipt's reason (``Verifier.refusal`` runs them all):
 
     size and schema (the codec, before this module) -> sender not banned
     -> sender not caught cheating before -> signature -> job id -> a backend,
@@ -147,10 +147,10 @@ class Window:
 
 
 class Verifier:
-    """Judges rollout batches (``judge``), holding what the checks read: the
-    job's limits, the prompt pool (who holds which prompt), the ledger
-    (nonces accepted before), the policy versions still held and the queue
-    of log-prob recomputes over them.
+    """Finds the reason to refuse a rollout batch, if any (``refusal``),
+    holding what the checks read: the job's limits, the prompt pool (who
+    holds which prompt), the ledger (nonces accepted before), the policy
+    versions still held and the queue of log-prob recomputes over them.
 
     It owns that queue (``recomputer``: the learner's nursery runs
     ``recomputer.run``) and the learner's CPU split by phase (``cpu``), since
@@ -175,7 +175,7 @@ class Verifier:
         self.ledger = ledger
         self.meter = meter
         self.current_version = current_version
-        self.staleness = config.window
+        self.staleness = config.staleness_in_force
         self.cpu = CpuSplit()
         self.recomputer = Recomputer(
             policies.get,
@@ -184,7 +184,7 @@ class Verifier:
             temperature=limits.temperature,
             max_batches=config.verify_batch,
             max_tokens=config.verify_pass_tokens,
-            emulated_versions=config.window + 1,
+            emulated_versions=config.staleness_in_force + 1,
             on_pass=self._recomputed,
         )
         # (sender, nonce) of the batches in their log-prob check now: a copy
@@ -203,7 +203,7 @@ class Verifier:
         held = min(self.policies.models, default=version)
         return Window(max(version - self.staleness, held), version)
 
-    async def judge(self, batch: RolloutBatch, sender: str, *, banned: bool) -> str | None:
+    async def refusal(self, batch: RolloutBatch, sender: str, *, banned: bool) -> str | None:
         """Every check of ``batch`` sent by ``sender`` (``banned`` now or not),
         in order: the first failure's reason, or None if the batch is accepted.
 

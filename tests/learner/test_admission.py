@@ -79,7 +79,7 @@ class WallClock:
 
 
 def recomputed(pool: PromptPool, book: PeerBook, wall: float) -> dict:
-    """Every figure of the view, from scratch, as Ingest derived them per request."""
+    """Every figure of the view, from scratch, as the work handler derived them per request."""
     now = trio.current_time()
     held: Counter[str] = Counter()
     since: dict[str, float] = {}

@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from echo_learner.swarm.ingest import credited_tokens
+from echo_learner.swarm.rollout_handler import credited_tokens
 from echo_learner.training.logprobs import grouped_logprobs
 from echo_learner.training.model import build_model
 from echo_learner.verify.evidence import (

@@ -121,11 +121,11 @@ def verifier_for(config, ledger, pool, policies=None, version=3):
 async def test_a_copy_sent_during_the_log_prob_check_is_replayed(tmp_path, ledger):
     verifier = verifier_for(LearnerConfig(data_dir=tmp_path), ledger, pool_with_prompt_7())
     first = batch(groups=(GOOD,))
-    assert await verifier.judge(first, NODE.peer_id_str, banned=True) == v.BANNED  # before anything else
+    assert await verifier.refusal(first, NODE.peer_id_str, banned=True) == v.BANNED  # before anything else
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(partial(verifier.judge, first, NODE.peer_id_str, banned=False))  # no recompute runs
+        nursery.start_soon(partial(verifier.refusal, first, NODE.peer_id_str, banned=False))  # no recompute runs
         await trio.testing.wait_all_tasks_blocked()
-        assert await verifier.judge(first, NODE.peer_id_str, banned=False) == v.REPLAYED
+        assert await verifier.refusal(first, NODE.peer_id_str, banned=False) == v.REPLAYED
         nursery.cancel_scope.cancel()
 
 

@@ -18,7 +18,8 @@ from echo_learner.training.lora import LoraSettings, adapter_bytes, frozen_copy,
 from echo_learner.training.model import ModelError, config_json, load_model
 from echo_learner.verify.tolerance import tolerance
 from echo_node.backend_choice import llama_installed
-from echo_node.guard import Refused, check_version
+from echo_node.guard import check_version
+from echo_node.refusals import Refused
 from protocol.models.families import FAMILIES as SUPPORTED
 from tests.families import FAMILIES, randomize_adapter, save_tiny_model, tiny_model
 

@@ -8,14 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from echo_node.guard import (
-    ModelLimits,
-    Refused,
-    check_assignment,
-    check_version,
-    model_shape,
-    weight_elements,
-)
+from echo_node.guard import ModelLimits, check_assignment, check_version, weight_elements
+from echo_node.model_shape import model_shape
+from echo_node.refusals import Refused
 from protocol.wire.work import Prompt, WorkAssignment
 
 LIMITS = ModelLimits.from_config(json.dumps({"vocab_size": 259, "max_position_embeddings": 64}))

@@ -11,7 +11,6 @@ import pytest
 
 from echo_node.backend_choice import spec_of
 from echo_node.backend_llama import LLAMA_CELLS
-from echo_node.guard import Refused, model_shape
 from echo_node.memory import (
     call_need,
     choose_dtype,
@@ -19,6 +18,8 @@ from echo_node.memory import (
     load_need,
     prompts_per_call,
 )
+from echo_node.model_shape import model_shape
+from echo_node.refusals import Refused
 
 LLAMA, TORCH = spec_of("llama"), spec_of("torch")
 
@@ -45,7 +46,7 @@ import psutil, torch
 from safetensors.torch import save
 from transformers import LlamaConfig, LlamaForCausalLM
 from echo_node.backend_torch import TorchBackend
-from echo_node.guard import model_shape
+from echo_node.model_shape import model_shape
 from echo_node.backend_choice import spec_of
 from echo_node.memory import call_need
 

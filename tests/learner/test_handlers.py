@@ -3,6 +3,7 @@ refused batch's prompts going to another node at once."""
 
 import dataclasses
 import time
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -12,8 +13,10 @@ import trio.testing
 from echo_learner.config import LearnerConfig
 from echo_learner.ledger import Ledger
 from echo_learner.swarm.capacity import CapacityMeter
-from echo_learner.swarm.ingest import Ingest
+from echo_learner.swarm.loop_lag import LoopLag
 from echo_learner.swarm.peers import PeerBook
+from echo_learner.swarm.rollout_handler import RolloutHandler
+from echo_learner.swarm.work_handler import WorkHandler
 from echo_learner.tasks.reverse import ReverseTask
 from echo_learner.verify import verifier as v
 from protocol.wire.work import NoWork, WorkAssignment
@@ -31,7 +34,13 @@ REQUEST = work_request(
 )
 
 
-def ingest_for(config, ledger, pool, policies, peers, meter, version: int) -> Ingest:
+@dataclass
+class Handlers:
+    work: WorkHandler
+    rollouts: RolloutHandler
+
+
+def ingest_for(config, ledger, pool, policies, peers, meter, version: int) -> Handlers:
     """The learner's handlers for the reverse task, at ``version``."""
     verifier = v.Verifier(
         config,
@@ -43,13 +52,17 @@ def ingest_for(config, ledger, pool, policies, peers, meter, version: int) -> In
         pad_id=256,
         current_version=lambda: version,
     )
-    return Ingest(
-        config,
-        LEARNER,
-        verifier=verifier,
-        task=ReverseTask(),
-        decode=lambda ids: bytes(ids).decode(errors="replace"),
-        peers=peers,
+    return Handlers(
+        WorkHandler(config, verifier=verifier, pool=pool, peers=peers, lag=LoopLag()),
+        RolloutHandler(
+            LEARNER,
+            verifier=verifier,
+            pool=pool,
+            ledger=ledger,
+            peers=peers,
+            task=ReverseTask(),
+            decode=lambda ids: bytes(ids).decode(errors="replace"),
+        ),
     )
 
 
@@ -62,12 +75,12 @@ async def test_a_refused_batch_gives_its_prompts_to_the_next_node_at_once(autoju
     )
     try:
         forged = dataclasses.replace(batch(groups=(GOOD,)), generate_ms=99)  # signature no longer fits
-        receipt = await ingest._judge(NODE.peer_id_str, forged)
+        receipt = await ingest.rollouts.judge(NODE.peer_id_str, forged)
         assert (receipt.verdict, receipt.reason) == ("refused", v.BAD_SIGNATURE)
         # Not 30 s later: now, to the next node that asks.
         assert [a.prompt_id for a in pool.take("honest", 1, version=3)] == [7]
         # The refused node has no claim on them left: another batch for them is a strike too.
-        again = await ingest._judge(NODE.peer_id_str, batch(groups=(GOOD,)))
+        again = await ingest.rollouts.judge(NODE.peer_id_str, batch(groups=(GOOD,)))
         assert (again.verdict, again.reason) == ("refused", v.NOT_ASSIGNED)
         await trio.sleep(31)
         pool.take("third", 1, version=3)  # lapses are charged when prompts are handed out
@@ -76,7 +89,7 @@ async def test_a_refused_batch_gives_its_prompts_to_the_next_node_at_once(autoju
         ledger.close()
 
 
-def _admission(tmp_path, ledger, *, rate: float) -> Ingest:
+def _admission(tmp_path, ledger, *, rate: float) -> Handlers:
     """An async learner at version 10 (window 8-10, publishing every 3 steps
     of 0.2 s, versions spreading in 0.5 s) that measured NODE at ``rate``
     rollouts/s."""
@@ -92,8 +105,8 @@ def _admission(tmp_path, ledger, *, rate: float) -> Ingest:
     return ingest_for(config, ledger, pool_with_prompt_7(), policies, peers, meter, 10)  # NODE holds one prompt
 
 
-def holds(ingest: Ingest) -> int:
-    return ingest.pool.held()[NODE.peer_id_str]
+def holds(ingest: Handlers) -> int:
+    return ingest.work.pool.held()[NODE.peer_id_str]
 
 
 async def test_a_node_whose_version_leaves_the_window_before_it_could_answer_must_fetch_a_newer_one(tmp_path):
@@ -105,15 +118,15 @@ async def test_a_node_whose_version_leaves_the_window_before_it_could_answer_mus
         # Two steps since the publish: the one under way may end now and publish
         # version 11, which moves 8 out. Version 9 stays for 3 more steps (0.6 s),
         # enough once fetched (0.5 s): the node must get at least 9.
-        ingest.meter.steps_since_publish = 2
-        assert ingest._version_for(NODE.peer_id_str, asks, holds(ingest)) == (9, pytest.approx(0.1))
+        ingest.work.meter.steps_since_publish = 2
+        assert ingest.work._version_for(NODE.peer_id_str, asks, holds(ingest)) == (9, pytest.approx(0.1))
         # One step since: the next publish is at least a step (0.2 s) away, time
         # enough for 2 prompts: it may go on with what it holds, down to 8.
-        ingest.meter.steps_since_publish = 1
-        assert ingest._version_for(NODE.peer_id_str, asks, holds(ingest)) == (8, pytest.approx(0.2))
+        ingest.work.meter.steps_since_publish = 1
+        assert ingest.work._version_for(NODE.peer_id_str, asks, holds(ingest)) == (8, pytest.approx(0.2))
         # A slower node (2 prompts: 0.2 s, 0.4 s with the margin) would not be back in time.
-        ingest.peers.peers[NODE.peer_id_str].rate = 40.0
-        assert ingest._version_for(NODE.peer_id_str, asks, holds(ingest))[0] > 8
+        ingest.work.peers.peers[NODE.peer_id_str].rate = 40.0
+        assert ingest.work._version_for(NODE.peer_id_str, asks, holds(ingest))[0] > 8
     finally:
         ledger.close()
 
@@ -136,7 +149,7 @@ async def test_past_the_waiting_room_a_work_request_is_told_when_to_come_back(au
     answers = {}
 
     async def ask(peer):
-        answers[peer] = (await ingest._work(peer, "direct", REQUEST), trio.current_time())
+        answers[peer] = (await ingest.work.reply(peer, "direct", REQUEST), trio.current_time())
 
     try:
         async with trio.open_nursery() as nursery:
@@ -164,18 +177,18 @@ async def test_a_learner_at_capacity_turns_new_work_away_and_takes_what_nodes_ho
     peers = PeerBook(strikes_to_ban=3, strike_window_s=600, ban_s=600, max_peers=100)
     ingest = ingest_for(config, ledger, pool_with_prompt_7(), v.Policies(keep=3), peers, CapacityMeter(60.0), 3)
     try:
-        ingest.lag.lag_s = 0.3  # three times the bound: as a saturated loop measures it
-        reply = await ingest._work("newcomer", "direct", REQUEST)
+        ingest.work.lag.lag_s = 0.3  # three times the bound: as a saturated loop measures it
+        reply = await ingest.work.reply("newcomer", "direct", REQUEST)
         assert isinstance(reply, NoWork) and reply.reason.startswith("busy")
         assert trio.current_time() == 0  # at once, not after a long poll
         assert 0.75 * 30_000 <= reply.retry_after_ms <= 1.25 * 30_000  # 10 s x 3, spread
         # A batch is still judged and recorded (a forged one here: no model needed to judge it).
         forged = dataclasses.replace(batch(groups=(GOOD,)), generate_ms=99)
-        receipt = await ingest._judge(NODE.peer_id_str, forged)
+        receipt = await ingest.rollouts.judge(NODE.peer_id_str, forged)
         assert (receipt.verdict, receipt.reason) == ("refused", v.BAD_SIGNATURE)
         assert len(ledger.receipts(NODE.peer_id_str, 0, 10)) == 1
-        ingest.lag.lag_s = 0.0
-        assert isinstance(await ingest._work("newcomer", "direct", REQUEST), WorkAssignment)
+        ingest.work.lag.lag_s = 0.0
+        assert isinstance(await ingest.work.reply("newcomer", "direct", REQUEST), WorkAssignment)
     finally:
         ledger.close()
 
@@ -197,17 +210,19 @@ async def test_a_caught_peer_forfeits_its_credit_and_is_refused_from_then_on(aut
         )  # fmt: skip
         ledger.record(earned)
         ingest = ingest_for(config, ledger, pool_with_prompt_7(), v.Policies(keep=3), peers, CapacityMeter(60.0), 3)
-        assert ingest.verifier.caught(NODE.peer_id_str, SAMPLER_MISMATCH) == SAMPLER_MISMATCH
-        receipt = await ingest._judge(NODE.peer_id_str, batch(groups=(GOOD,)))  # no policy held: no recompute ran
+        assert ingest.rollouts.verifier.caught(NODE.peer_id_str, SAMPLER_MISMATCH) == SAMPLER_MISMATCH
+        receipt = await ingest.rollouts.judge(
+            NODE.peer_id_str, batch(groups=(GOOD,))
+        )  # no policy held: no recompute ran
         assert (receipt.verdict, receipt.reason, receipt.credit) == ("refused", SAMPLER_MISMATCH, 0.0)
         assert len(peers.peers[NODE.peer_id_str].strikes) == 1
         assert peers.to_json()[0]["caught"] == SAMPLER_MISMATCH
         [standing] = ledger.leaderboard()
         assert (standing.credit, standing.forfeited, standing.accepted) == (0.0, 40.0, 1)
         # Caught once is forfeited once.
-        assert ingest.verifier.caught(NODE.peer_id_str, SAMPLER_MISMATCH) == SAMPLER_MISMATCH
+        assert ingest.rollouts.verifier.caught(NODE.peer_id_str, SAMPLER_MISMATCH) == SAMPLER_MISMATCH
         assert ledger.leaderboard()[0].forfeited == 40.0
         restarted = ingest_for(config, ledger, pool_with_prompt_7(), v.Policies(keep=3), peers, CapacityMeter(60.0), 3)
-        assert restarted.verifier.evidence.caught == {NODE.peer_id_str: SAMPLER_MISMATCH}
+        assert restarted.rollouts.verifier.evidence.caught == {NODE.peer_id_str: SAMPLER_MISMATCH}
     finally:
         ledger.close()

@@ -1,48 +1,36 @@
-"""What the learner does with work and rollout requests (the protocols
-themselves: ``protocol.wire``; receipts: ``echo_learner.swarm.receipt_pages``).
+"""What the learner answers a work request (the protocol itself:
+``protocol.wire.work``).
 
-``handle_work`` hands prompts out of the pool (long-polling while it is
-empty); ``handle_rollouts`` verifies a batch, writes the verdict to the ledger
-and only then answers with the signed receipt. Every handler runs under
+Prompts out of the pool as soon as the node may have some (admission: how
+many, with which version, ``admission``, ``sizing``, ``fairness``), else a
+long poll until the pool changes, or at once a NoWork with a time to come
+back when the learner is at capacity or too many requests wait. Runs under
 ``protocol.rpc.serve`` (deadline, per-peer error logging, stream cleanup).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import trio
 from libp2p.abc import INetStream
 
 from echo_learner.config import LearnerConfig
-from echo_learner.ledger import CREDIT_PER_TOKEN, Row
 from echo_learner.swarm import fairness
 from echo_learner.swarm.admission import Admission
 from echo_learner.swarm.capacity import window_left_s
 from echo_learner.swarm.loop_lag import LoopLag
 from echo_learner.swarm.peers import REFUSALS_PER_STRIKE, PeerBook, PeerStats
-from echo_learner.swarm.pool import Assignment, Rollouts
+from echo_learner.swarm.pool import Assignment, PromptPool
 from echo_learner.swarm.sizing import DEADLINE_SHARE, Worker, prompts_for
-from echo_learner.tasks.base import Task
-from echo_learner.training.trainer import ScoredGroup
-from echo_learner.verify.verifier import ACCEPTED, Verifier
-from protocol import codec, framing
-from protocol.errors import ProtocolError
-from protocol.identity import Identity
-from protocol.messages import UNKNOWN_JOB, UNSIGNED, ErrorReply
-from protocol.process.logs import event
+from echo_learner.verify.verifier import Verifier
+from protocol.messages import UNKNOWN_JOB, ErrorReply
 from protocol.rpc import remote_peer, route
-from protocol.wire import rollout, work
-from protocol.wire.rollout import MALFORMED, Receipt, RolloutBatch, RolloutGroup
+from protocol.wire import work
 from protocol.wire.work import NoWork, Prompt, WorkAssignment, WorkRequest
-
-log = logging.getLogger(__name__)
 
 # The longest a busy learner tells a node to wait before asking again.
 MAX_RETRY_S = 60.0
@@ -53,65 +41,33 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-@dataclass
-class Counters:
-    rollouts_accepted: int = 0
-    batches_accepted: int = 0
-    batches_refused: int = 0
-    refused: Counter[str] = field(default_factory=Counter)  # batches refused since start, by reason
-
-
-def credited_tokens(batch: RolloutBatch) -> int:
-    """The tokens ``batch`` earns credit for: a completion repeated within
-    its group counts once (one pass made it, however many copies are sent)."""
-    return sum(len(c) for g in batch.groups for c in {c.tokens for c in g.completions})
-
-
-class Ingest:
-    def __init__(
-        self,
-        config: LearnerConfig,
-        identity: Identity,
-        *,
-        verifier: Verifier,
-        task: Task,
-        decode: Callable[[list[int]], str],
-        peers: PeerBook,
-    ):
+class WorkHandler:
+    def __init__(self, config: LearnerConfig, *, verifier: Verifier, pool: PromptPool, peers: PeerBook, lag: LoopLag):
+        """``lag``: the learner's event-loop lag, which says when it is at capacity."""
         self.config = config
-        self.identity = identity
-        self.me = identity.peer_id_str
         self.verifier = verifier
-        # Work is handed out from, and verdicts are written to, what batches
-        # are checked against: the verifier's limits, pool, ledger, versions
-        # and meters, taken from it so that they cannot differ.
+        # Work is handed out under what batches are checked against: the
+        # verifier's limits, versions and meter, so that they cannot differ.
         self.limits = verifier.limits
         self.job_id = verifier.limits.job_id
-        self.pool = verifier.pool
-        self.ledger = verifier.ledger
         self.current_version = verifier.current_version
         self.meter = verifier.meter
-        self.cpu = verifier.cpu
-        self.task = task
-        self.decode = decode
+        self.pool = pool
         self.peers = peers
-        self.admission = Admission(self.pool, peers, within_s=config.assignment_timeout_s, group_size=config.group_size)
-        self.counters = Counters()
-        self.lag = LoopLag()
-        self.contributors: set[str] = set()
+        self.lag = lag
+        self.admission = Admission(pool, peers, within_s=config.assignment_timeout_s, group_size=config.group_size)
         self._asking: Counter[str] = Counter()  # work requests under way per peer
         self._waiting = 0  # work requests waiting for the pool to change
         # Work requests refused for being over the limit, per peer (bounded:
         # cleared past max_peers_tracked peers).
         self._refusals: Counter[str] = Counter()
 
-    # --- work ----------------------------------------------------------------------
-
-    async def handle_work(self, stream: INetStream) -> None:
+    async def handle(self, stream: INetStream) -> None:
         peer, via = remote_peer(stream), route(stream.muxed_conn)
-        await work.answer(stream, lambda req: self._work(peer, via, req))
+        await work.answer(stream, lambda req: self.reply(peer, via, req))
 
-    async def _work(self, peer: str, via: str, req: WorkRequest) -> work.Reply:
+    async def reply(self, peer: str, via: str, req: WorkRequest) -> work.Reply:
+        """The answer to ``peer``'s work request ``req`` (it came ``via`` a direct or relayed connection)."""
         self.peers.on_work_request(peer, req, via)
         if self.peers.banned(peer):  # first: told so, it is then disconnected (service.py)
             return ErrorReply(work.BANNED, BANNED_WHY)
@@ -214,7 +170,7 @@ class Ingest:
         version about to leave cost 1.2 % of honest batches
         (bench/convergence.py): they arrived out of the window."""
         cfg, meter, window = self.config, self.meter, self.verifier.window()
-        if cfg.window == 0 or meter.step_period_s <= 0:
+        if cfg.staleness_in_force == 0 or meter.step_period_s <= 0:
             return window.lo, math.inf
         current, need_s = self.current_version(), self._one_more_s(peer, holds)
 
@@ -222,7 +178,7 @@ class Ingest:
             return window_left_s(
                 version=version,
                 current=current,
-                staleness=cfg.window,
+                staleness=cfg.staleness_in_force,
                 publish_every=cfg.publish_every,
                 steps_since=meter.steps_since_publish,
                 step_period_s=meter.step_period_s,
@@ -303,137 +259,3 @@ class Ingest:
             stop_token_ids=tuple(sorted(self.limits.stop_ids)),  # what check_batch holds nodes to
             deadline_ms=now_ms() + int(cfg.assignment_timeout_s * 1000),
         )
-
-    # --- rollouts ------------------------------------------------------------------
-
-    async def handle_rollouts(self, stream: INetStream) -> None:
-        sender = remote_peer(stream)
-        if self.peers.banned(sender):
-            # Not read, and no ledger row: a banned peer sending batch after
-            # batch would otherwise grow the ledger by a refused row each.
-            await framing.send(stream, ErrorReply(work.BANNED, "too many strikes; try again later"))
-            return
-        await rollout.answer(
-            stream,
-            lambda batch: self._judge(sender, batch),
-            lambda exc: self._record_malformed(sender, exc),
-            on_decoded=lambda seconds: self.cpu.add("decode", seconds),
-        )
-
-    async def _judge(self, sender: str, batch: RolloutBatch) -> Receipt:
-        """Verify ``batch``, record the verdict in the ledger and return the
-        signed receipt (sent only after the ledger write)."""
-        reason = await self.verifier.judge(batch, sender, banned=self.peers.banned(sender))
-        accepted = reason is None
-        rollouts = sum(len(g.completions) for g in batch.groups)
-        tokens = credited_tokens(batch)
-        with self.cpu.phase("receipt"):
-            receipt = self._receipt(batch, reason, tokens)
-        # Write before ack: the row (and an accepted batch itself) is committed
-        # before the node sees its receipt.
-        with self.cpu.phase("ledger"):
-            kept = codec.encode(batch) if accepted else None
-            self.ledger.record(Row.of_receipt(receipt, peer=sender, nonce=batch.nonce, rollouts=rollouts, batch=kept))
-        cycle_s = None
-        if reason is None:
-            cycle_s = self._take(sender, batch, rollouts)
-        else:
-            self._give_back(sender, batch, reason)
-        # generate_ms is the node's own word; it only feeds the capacity forecast.
-        self.peers.on_verdict(sender, receipt.reason, rollouts, receipt.tokens, cycle_s, batch.generate_ms / 1000)
-        self.peers.seen(sender).caught = self.verifier.evidence.caught.get(sender, "")
-        return receipt
-
-    def _take(self, sender: str, batch: RolloutBatch, rollouts: int) -> float:
-        """Score the accepted ``batch``'s groups into the pool; the seconds
-        ``sender`` worked on it.
-
-        The node worked on it since it was handed out, or since its previous
-        batch came in if it took this one early (nodes fetch their next
-        assignment while generating): then the trip to us overlaps the next
-        generation and costs it nothing."""
-        assignments = [self.pool.lookup(g.prompt_id) for g in batch.groups]
-        now, stats = trio.current_time(), self.peers.seen(sender)
-        busy_since = max(min(a.handed_at for a in assignments if a is not None), stats.answered_at)
-        stats.answered_at = now
-        rewards = []
-        for a, group in zip(assignments, batch.groups):
-            assert a is not None
-            scored = self._score(a, group)
-            self.pool.answer(a, Rollouts(batch.version, sender, scored))
-            rewards.append(list(scored.rewards))
-        declared = (batch.backend, batch.dtype, batch.device)
-        twins = [a.twin for a in assignments if a is not None]
-        for peer, reason in self.verifier.evidence.add_rewards(sender, declared, batch.version, rewards, twins).items():
-            self.verifier.caught(peer, reason)  # its next batch is refused
-        self.counters.rollouts_accepted += rollouts
-        self.counters.batches_accepted += 1
-        self.cpu.accepted += 1
-        self.contributors.add(sender)
-        return now - busy_since
-
-    def _give_back(self, sender: str, batch: RolloutBatch, reason: str) -> None:
-        """Count and log the refused ``batch``, and hand its prompts to
-        another node now, not at their deadline (a sync step would wait that
-        long for them); the sender keeps none of them. Their lapse is no
-        strike: a batch made in good faith with a version we have since left
-        behind earns none, and any other refusal is struck once, by the
-        ledger's verdict."""
-        self.counters.batches_refused += 1
-        self.counters.refused[reason] += 1
-        handed, window = self.pool.lookup(batch.groups[0].prompt_id) if batch.groups else None, self.verifier.window()
-        event(
-            log,
-            logging.INFO,
-            "refused batch",
-            peer=sender,
-            reason=reason,
-            version=batch.version,
-            window=f"{window.lo}-{window.hi}",
-            # When and at which version its prompts were handed out: says
-            # whether the node was slow or given too little time.
-            handed_at_version=handed.version if handed else None,
-            handed_s_ago=round(trio.current_time() - handed.handed_at, 2) if handed else None,
-        )
-        self.pool.release(sender, [g.prompt_id for g in batch.groups])
-
-    def _receipt(self, batch: RolloutBatch, reason: str | None, tokens: int) -> Receipt:
-        """The signed verdict on ``batch``: accepted if ``reason`` is None."""
-        accepted = reason is None
-        return self.identity.sign(
-            Receipt(
-                job_id=self.job_id,
-                batch_hash=codec.digest(batch),
-                peer_id=batch.peer_id,
-                version=batch.version,
-                verdict="accepted" if accepted else "refused",
-                reason=reason or ACCEPTED,
-                tokens=tokens if accepted else 0,
-                credit=tokens * CREDIT_PER_TOKEN if accepted else 0.0,
-                created_ms=now_ms(),
-                learner_id=self.me,
-                signature=UNSIGNED,
-            )
-        )
-
-    def _score(self, assignment: Assignment, group: RolloutGroup) -> ScoredGroup:
-        rewards = []
-        for c in group.completions:
-            ids = list(c.tokens)
-            stop = next((i for i, t in enumerate(ids) if t in self.limits.stop_ids), len(ids))
-            ids = ids[:stop]
-            rewards.append(self.task.reward(assignment.prompt, self.decode(ids)))
-        return ScoredGroup(
-            prompt_tokens=assignment.tokens,
-            completions=tuple(c.tokens for c in group.completions),
-            behaviour_logprobs=tuple(c.logprobs for c in group.completions),
-            rewards=tuple(rewards),
-        )
-
-    def _record_malformed(self, sender: str, exc: ProtocolError) -> None:
-        """An undecodable or oversized batch is a verdict too: a ledger row, a strike."""
-        self.ledger.record(Row.unread(sender, MALFORMED, now_ms()))
-        self.counters.batches_refused += 1
-        self.counters.refused[MALFORMED] += 1
-        self.peers.on_verdict(sender, MALFORMED, 0, 0)
-        event(log, logging.INFO, "refused batch", peer=sender, reason=MALFORMED, error=exc)
