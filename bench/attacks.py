@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from harness import accepted_in, ledger_verdicts, node_receipts  # noqa: E402
 from localswarm import LocalSwarm, local_swarm  # noqa: E402
 from swarmproc import free_port  # noqa: E402
 
@@ -138,13 +138,7 @@ BASELINE_EVERY = 2  # scenarios between two baselines
 
 
 def accepted_since(ledger: Path, peers: set[str], since_ms: int, until_ms: int) -> int:
-    with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True, timeout=30) as db:
-        rows = db.execute(
-            "SELECT peer, COUNT(*) FROM verdicts WHERE verdict = 'accepted' "
-            "AND created_ms >= ? AND created_ms < ? GROUP BY peer",
-            (since_ms, until_ms),
-        ).fetchall()
-    return sum(n for peer, n in rows if peer in peers)
+    return sum(batches for peer, (batches, _) in accepted_in(ledger, since_ms, until_ms).items() if peer in peers)
 
 
 def idle_priority() -> None:
@@ -287,15 +281,12 @@ def wait_for(what: str, done, timeout_s: float, swarm: LocalSwarm) -> None:
 
 def ledger_consistent(swarm: LocalSwarm, ledger: Path) -> bool:
     """Every receipt an honest node wrote down has the same verdict in the ledger."""
-    with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True, timeout=30) as db:
-        verdicts = {bytes(h).hex(): v for h, v in db.execute("SELECT batch_hash, verdict FROM verdicts")}
-    for i in range(HONEST):
-        path = swarm.root / f"node{i}" / "receipts.jsonl"
-        for line in path.read_text().splitlines() if path.exists() else []:
-            r = json.loads(line)
-            if verdicts.get(r["batch_hash"]) != r["verdict"]:
-                return False
-    return True
+    verdicts = dict(ledger_verdicts(ledger))
+    return all(
+        verdicts.get(r["batch_hash"]) == r["verdict"]
+        for i in range(HONEST)
+        for r in node_receipts(swarm.root / f"node{i}")
+    )
 
 
 def scenario(name: str, args: argparse.Namespace, root: Path) -> dict:

@@ -31,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from broadcast_sim import parse_args as sim_args  # noqa: E402
 from broadcast_sim import simulate
+from harness import print_result  # noqa: E402
 from localswarm import local_swarm  # noqa: E402
-from swarmproc import Peer, keep_logs, print_result, wait_until  # noqa: E402
+from swarmproc import Peer, keep_logs, wait_until  # noqa: E402
 
 
 def run_once(root: Path, bootstrap: str, args: argparse.Namespace, relay: bool, stalling: int = 0) -> dict:

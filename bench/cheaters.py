@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -51,6 +50,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from cheats import CHEATS  # noqa: E402
+from harness import read_ledger  # noqa: E402
 from localswarm import local_swarm  # noqa: E402
 
 from echo_learner.verify.verifier import STRIKES  # noqa: E402
@@ -71,21 +71,11 @@ def verdicts(ledger: Path) -> list[tuple[str, str, str, float]]:
     """(peer, verdict, reason, credit) of every row, oldest first."""
     if not ledger.exists():
         return []
-    db = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
-    try:
-        return db.execute("SELECT peer, verdict, reason, credit FROM verdicts ORDER BY id").fetchall()
-    except sqlite3.OperationalError:  # the learner has not made its tables yet
-        return []
-    finally:
-        db.close()
+    return read_ledger(ledger, "SELECT peer, verdict, reason, credit FROM verdicts ORDER BY id")
 
 
 def forfeited(ledger: Path) -> dict[str, float]:
-    db = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
-    try:
-        return dict(db.execute("SELECT peer, credit FROM forfeits").fetchall())
-    finally:
-        db.close()
+    return dict(read_ledger(ledger, "SELECT peer, credit FROM forfeits"))
 
 
 def first_strike(rows: list[tuple[str, str, str, float]], peer: str) -> tuple[int, str] | None:

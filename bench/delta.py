@@ -38,8 +38,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from harness import print_result  # noqa: E402
 from localswarm import local_swarm  # noqa: E402
-from swarmproc import Peer, keep_logs, print_result, wait_until  # noqa: E402
+from swarmproc import Peer, keep_logs, wait_until  # noqa: E402
 
 TASK = "math:basic_arithmetic:min_terms=2,max_terms=2,min_digits=1,max_digits=1"
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -48,7 +48,6 @@ import argparse
 import json
 import os
 import random
-import sqlite3
 import sys
 import tempfile
 import time
@@ -59,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from harness import read_ledger  # noqa: E402
 from localswarm import SwarmError, local_swarm  # noqa: E402
 
 from echo_learner.training.model import smollm2_path  # noqa: E402
@@ -72,16 +72,13 @@ OTHER_CPUS = set(range(1, os.cpu_count() or 1))
 
 
 def task_prompts(tokenizer, n: int, seed: int) -> list[tuple[int, ...]]:
-    """Prompts as the learner makes them (echo_learner.service._new_prompt)."""
-    from echo_learner.tasks import TASKS
+    """Prompts as the learner makes them (``Learner._new_prompt``: the reverse
+    task's prompts through ``render_prompt``)."""
+    from echo_learner.tasks.registry import load_task
+    from echo_learner.training.model import render_prompt
 
-    rng = random.Random(seed)
-    bos = tokenizer.bos_token_id
-    out = []
-    for _ in range(n):
-        ids = tokenizer(TASKS["reverse"].sample(rng).text, add_special_tokens=False)["input_ids"]
-        out.append((*([] if bos is None else [bos]), *ids))
-    return out
+    rng, task = random.Random(seed), load_task("reverse")
+    return [render_prompt(tokenizer, task.sample(rng).text, task.system_prompt) for _ in range(n)]
 
 
 def bare_tokens_per_s(backend, prompts, per: int, args, min_s: float) -> float:
@@ -150,13 +147,9 @@ def node_tokens_per_s(model: str, backend: str, dtype: str, per: int, args, root
         ledger = root / "learner" / "ledger.sqlite"
 
         def accepted() -> list[tuple[int, int, bytes]]:
-            db = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
-            try:
-                return db.execute(
-                    "SELECT created_ms, tokens, batch FROM verdicts WHERE verdict = 'accepted' ORDER BY id"
-                ).fetchall()
-            finally:
-                db.close()
+            return read_ledger(
+                ledger, "SELECT created_ms, tokens, batch FROM verdicts WHERE verdict = 'accepted' ORDER BY id"
+            )
 
         deadline = time.monotonic() + 900
         while not ledger.exists() or not accepted():  # weights fetched, first batch in
@@ -179,11 +172,7 @@ def node_tokens_per_s(model: str, backend: str, dtype: str, per: int, args, root
         # Each batch reports how long its generation took in the node: where
         # the node's own work slows the backend, and where the node waited.
         generate_s = sum(codec.decode(blob, RolloutBatch).generate_ms for _, _, blob in window[1:]) / 1000
-        refused = (
-            sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
-            .execute("SELECT COUNT(*) FROM verdicts WHERE verdict = 'refused'")
-            .fetchone()[0]
-        )
+        [(refused,)] = read_ledger(ledger, "SELECT COUNT(*) FROM verdicts WHERE verdict = 'refused'")
         rollouts = sum(len(g.completions) for _, _, blob in window for g in codec.decode(blob, RolloutBatch).groups)
         return {
             "tokens_per_s": round(tokens / span_s, 1),

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -51,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from harness import read_ledger  # noqa: E402
 from localswarm import local_swarm  # noqa: E402
 from plausibility import EOS, GROUP, PAD, as_batch, backend_for, prompts_for  # noqa: E402
 
@@ -157,13 +157,7 @@ def node_estimate_gib(
 def verdicts(ledger: Path) -> list[tuple]:
     if not ledger.exists():
         return []
-    db = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
-    try:
-        return db.execute("SELECT peer, version, rollouts, verdict, reason, created_ms FROM verdicts").fetchall()
-    except sqlite3.OperationalError:  # the learner has not created it yet
-        return []
-    finally:
-        db.close()
+    return read_ledger(ledger, "SELECT peer, version, rollouts, verdict, reason, created_ms FROM verdicts")
 
 
 def train_step_s(model_dir: Path, max_new_tokens: int, steps: int = 3) -> float:

@@ -28,9 +28,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import print_result  # noqa: E402
 from localswarm import local_swarm  # noqa: E402
 from netns import Topology, missing_tools  # noqa: E402
-from swarmproc import Peer, keep_logs, print_result, wait_until  # noqa: E402
+from swarmproc import Peer, keep_logs, wait_until  # noqa: E402
 
 LISTEN = "/ip4/0.0.0.0/tcp/4001"
 

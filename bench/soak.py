@@ -69,7 +69,6 @@ import random
 import select
 import shutil
 import signal
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -82,7 +81,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from swarmproc import free_port, keep_logs, print_result  # noqa: E402
+from harness import ledger_verdicts, node_receipts, print_result  # noqa: E402
+from swarmproc import free_port, keep_logs  # noqa: E402
 
 SPEEDS = (20.0, 50.0, 200.0)  # emulated tokens/s: a laptop, a desktop, a GPU
 LEARNER_KILLS = (0.10, 0.175)  # fractions of the run; the second moves the learner
@@ -416,26 +416,16 @@ class Soak:
 
     def compare_ledger(self) -> dict:
         """The learner's ledger against the receipts every node data dir holds."""
-        db = sqlite3.connect(f"file:{self.root / 'learner' / 'ledger.sqlite'}?mode=ro", uri=True)
-        try:
-            rows = db.execute("SELECT batch_hash, verdict FROM verdicts").fetchall()
-        finally:
-            db.close()
-        ledger = {bytes(h).hex(): v for h, v in rows}
+        rows = ledger_verdicts(self.root / "learner" / "ledger.sqlite")
+        ledger = dict(rows)
         held: dict[str, str] = {}
         held_twice = 0
         for data_dir in self.all_dirs:
             seen: set[str] = set()
-            for path in (data_dir / "receipts.jsonl.1", data_dir / "receipts.jsonl"):
-                if not path.exists():
-                    continue
-                for line in path.read_text().splitlines():
-                    if not line.strip():
-                        continue
-                    receipt = json.loads(line)
-                    held_twice += receipt["batch_hash"] in seen
-                    seen.add(receipt["batch_hash"])
-                    held[receipt["batch_hash"]] = receipt["verdict"]
+            for receipt in node_receipts(data_dir):
+                held_twice += receipt["batch_hash"] in seen
+                seen.add(receipt["batch_hash"])
+                held[receipt["batch_hash"]] = receipt["verdict"]
         lost = [h for h, v in held.items() if v == "accepted" and ledger.get(h) != "accepted"]
         return {
             "lost_accepted": len(lost),

@@ -74,7 +74,6 @@ import os
 import re
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -88,6 +87,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from harness import accepted_in, pinned, read_ledger  # noqa: E402
 from localswarm import SwarmError, local_swarm  # noqa: E402
 
 IDENTITIES = Path(__file__).resolve().parent / "load_identities.py"
@@ -196,10 +196,6 @@ class Load:
 # --- processes ---------------------------------------------------------------------
 
 
-def pin(cpus: set[int]):  # type: ignore[no-untyped-def]
-    return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-
-
 class Emulator:
     """A bench/load_identities.py process, read through its JSON lines."""
 
@@ -211,7 +207,7 @@ class Emulator:
             stdout=subprocess.PIPE,
             stderr=self.log,
             start_new_session=True,  # its own process group: stopped as one, never by Ctrl-C's group
-            preexec_fn=pin(cpus),
+            preexec_fn=pinned(cpus),
         )
         assert self.proc.stdout is not None
         os.set_blocking(self.proc.stdout.fileno(), False)
@@ -530,19 +526,11 @@ def watch(
 def window_ledger(path: Path, t0: float, t1: float, results: list[dict]) -> dict:
     """Accepted verdicts and their tokens in the window, and how many of the
     receipts the identities hold as accepted have no accepted row."""
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        accepted, tokens = db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(tokens), 0) FROM verdicts"
-            " WHERE verdict = 'accepted' AND created_ms >= ? AND created_ms < ?",
-            (int(t0 * 1000), int(t1 * 1000)),
-        ).fetchone()
-        rows = {
-            (peer, bytes(h))
-            for peer, h in db.execute("SELECT peer, batch_hash FROM verdicts WHERE verdict = 'accepted'")
-        }
-    finally:
-        db.close()
+    in_window = accepted_in(path, int(t0 * 1000), int(t1 * 1000)).values()
+    accepted, tokens = sum(b for b, _ in in_window), sum(n for _, n in in_window)
+    rows = {
+        (p, bytes(h)) for p, h in read_ledger(path, "SELECT peer, batch_hash FROM verdicts WHERE verdict = 'accepted'")
+    }
     held = {(peer, bytes.fromhex(h)) for r in results for peer, hashes in r["accepted"].items() for h in hashes}
     return {"accepted": accepted, "tokens": tokens, "missing": len(held - rows), "checked": len(held)}
 

@@ -104,13 +104,3 @@ def keep_logs(root: Path, dest: Path | None) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for log in root.glob("*.log"):
         shutil.copy(log, dest / log.name)
-
-
-def print_result(result: dict, as_json: bool) -> None:
-    """One JSON line, or one aligned ``key value`` line per figure."""
-    if as_json:
-        print(json.dumps(result))
-        return
-    width = max(map(len, result)) + 2
-    for k, v in result.items():
-        print(f"{k:{width}} {v}")
