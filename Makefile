@@ -72,9 +72,10 @@ format: install
 	$(PY) -m ruff format .
 
 # Lint and the unit tests (tests/protocol, tests/learner, tests/node) that start
-# no swarm of processes: about 3 minutes on 2 cores (534 tests in 197 s here).
+# no swarm of processes and are no long measurement (marked heavy), on both
+# cores (pytest-xdist): about 2 minutes on 2 cores.
 test-fast: lint install-llama
-	$(PY) -m pytest -q -m "not procs" tests/protocol tests/learner tests/node tests/test_layout.py
+	$(PY) -m pytest -q -n 2 -m "not procs and not heavy" tests/protocol tests/learner tests/node tests/test_layout.py
 
 # Everything but the long end-to-end runs: unit tests, real swarms on
 # loopback, the browser (~15 minutes on 2 cores).

@@ -33,6 +33,6 @@ def test_the_wheel_installs_into_a_fresh_venv_and_its_commands_run(tmp_path):
         assert run(env / "bin" / command, "--help").startswith(f"usage: {command}")
     assert "--train-procs" in run(env / "bin" / "echo-learner", "run", "--help")
     # The status page's files travel in the wheel, and the installed code serves them.
-    check = "from importlib import resources; print((resources.files('echo_learner') / 'static' / 'app.js').is_file())"
+    check = "from importlib import resources; print((resources.files('echo_learner.operator') / 'static' / 'app.js').is_file())"
     assert run(env / "bin" / "python", "-c", check).strip() == "True"
     assert "gguf" in run(env / "bin" / "python", "-m", "pip", "list").lower()  # the llama extra came along

@@ -7,6 +7,7 @@ backend sampling from the published weights, the learner's recompute.
 import dataclasses
 import random
 
+import pytest
 import torch
 
 from echo_learner.training.logprobs import grouped_logprobs
@@ -75,6 +76,7 @@ def test_thousands_of_honest_rollouts_have_zero_false_rejects():
     assert most_z < tolerance("torch", "f32").z / 2
 
 
+@pytest.mark.heavy  # 1,500 recomputes: the rare tokens need that many to show
 def test_a_peaked_policy_s_rare_honest_tokens_are_not_refused():
     """Late in training the policy is nearly deterministic; now and then a
     node honestly samples a token of probability 1e-4 or less. Scored as a

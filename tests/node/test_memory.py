@@ -73,6 +73,7 @@ print(json.dumps({"grew": peak - before, "estimate": need.total, "cache": need.c
 
 # One call dominated by its logits (a large vocabulary), one by its KV cache
 # (long generations).
+@pytest.mark.heavy  # ~15 s each: a real generation's peak memory, measured in a process of its own
 @pytest.mark.parametrize("prompts, group, new, vocab", [(8, 8, 48, 65536), (4, 8, 480, 4096)])
 def test_the_estimate_holds_what_torch_generation_really_allocates(prompts, group, new, vocab):
     out = subprocess.run(
@@ -132,6 +133,7 @@ def test_gpu_offload_takes_the_layers_that_fit():
     assert gpu_layers(shape, "f16", 0, LLAMA_CELLS) == 0
 
 
+@pytest.mark.procs  # a learner and a node
 def test_a_node_refuses_a_job_its_memory_cannot_hold(swarm_factory):
     swarm = swarm_factory
     swarm.start_bootstrap()
