@@ -89,8 +89,11 @@ def test_held_out_scoring_cancelled_leaves_no_thread_running_the_model(tmp_path)
         running.append(1)
         inside.release()
 
+    def leave(*_) -> None:  # returns None: a forward hook's value would replace the model's output
+        running.pop()
+
     model.register_forward_pre_hook(enter)
-    model.register_forward_hook(lambda *_: running.pop())
+    model.register_forward_hook(leave)
 
     async def main():
         async with trio.open_nursery() as nursery:
