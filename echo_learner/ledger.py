@@ -18,6 +18,7 @@ receipts behind them stay as they were).
 from __future__ import annotations
 
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -61,6 +62,11 @@ CREATE TABLE IF NOT EXISTS versions (
 """
 
 CREDIT_PER_TOKEN = 1.0
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds: the time rows, receipts and deadlines carry."""
+    return int(time.time() * 1000)
 
 
 @dataclass(frozen=True)

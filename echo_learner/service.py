@@ -29,7 +29,7 @@ from libp2p.abc import IHost, INetStream
 from libp2p.peer.id import ID
 
 from echo_learner.config import LearnerConfig
-from echo_learner.ledger import Ledger
+from echo_learner.ledger import Ledger, now_ms
 from echo_learner.metrics import LearnerMetrics
 from echo_learner.swarm.bootstrap_probe import BootstrapProbe
 from echo_learner.swarm.capacity import CapacityMeter
@@ -42,7 +42,7 @@ from echo_learner.swarm.pool import PromptPool
 from echo_learner.swarm.publishing import JobManifestFields, Publisher
 from echo_learner.swarm.receipt_pages import PageBudget, ReceiptPages
 from echo_learner.swarm.rollout_handler import RolloutHandler
-from echo_learner.swarm.work_handler import WorkHandler, now_ms
+from echo_learner.swarm.work_handler import WorkHandler
 from echo_learner.tasks.base import Task, TaskPrompt
 from echo_learner.tasks.registry import load_task
 from echo_learner.training import checkpoint

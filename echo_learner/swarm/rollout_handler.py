@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 import trio
 from libp2p.abc import INetStream
 
-from echo_learner.ledger import CREDIT_PER_TOKEN, Ledger, Row
+from echo_learner.ledger import CREDIT_PER_TOKEN, Ledger, Row, now_ms
 from echo_learner.swarm.peers import PeerBook
 from echo_learner.swarm.pool import Assignment, PromptPool, Rollouts
-from echo_learner.swarm.work_handler import now_ms
 from echo_learner.tasks.base import Task
 from echo_learner.training.trainer import ScoredGroup
 from echo_learner.verify.verifier import ACCEPTED, Verifier

@@ -19,6 +19,7 @@ import trio
 from libp2p.abc import INetStream
 
 from echo_learner.config import LearnerConfig
+from echo_learner.ledger import now_ms
 from echo_learner.swarm import fairness
 from echo_learner.swarm.admission import Admission
 from echo_learner.swarm.capacity import window_left_s
@@ -35,10 +36,6 @@ from protocol.wire.work import NoWork, Prompt, WorkAssignment, WorkRequest
 # The longest a busy learner tells a node to wait before asking again.
 MAX_RETRY_S = 60.0
 BANNED_WHY = "too many strikes (refused batches, prompts left unanswered); try again later"
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class WorkHandler:
