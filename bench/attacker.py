@@ -239,7 +239,7 @@ async def _busy(engine: BroadcastEngine, stream, req) -> None:  # type: ignore[n
     if isinstance(req, ChunkRequest):
         count("busy")
         await chunk.send_reply(stream, ErrorReply(chunk.BUSY, "fetch it later or from another peer"))
-        engine._poke_local()  # "ready again": a fresh Have to every neighbour
+        engine.state.poke_local()  # "ready again": a fresh Have to every neighbour
         return
     await _serve_manifest(engine, stream, req)
 

@@ -387,15 +387,16 @@ def oversized(packages: tuple[str, ...] = ("protocol", "echo_node", "echo_learne
     for package in packages:
         for path in sorted((ROOT / package).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
                 if isinstance(node, ast.ClassDef):
                     methods = [b for b in node.body if isinstance(b, ast.FunctionDef | ast.AsyncFunctionDef)]
                     if len(methods) > 25:
-                        found.append(f"{where} class {node.name}: {len(methods)} methods")
+                        found.append(
+                            f"{path.relative_to(ROOT)}:{node.lineno} class {node.name}: {len(methods)} methods"
+                        )
                 elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                     lines = node.end_lineno - node.lineno + 1
                     if lines > 80:
-                        found.append(f"{where} {node.name}: {lines} lines")
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines} lines")
     return found
 
 

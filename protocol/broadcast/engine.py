@@ -211,9 +211,6 @@ class BroadcastEngine:
     def banned(self, peer: str) -> bool:
         return self.downloads.banned(peer)
 
-    def _poke_local(self) -> None:
-        self.state.poke_local()
-
     # --- have-streams --------------------------------------------------------------
 
     def _my_have(self) -> Have:
