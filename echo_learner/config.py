@@ -235,6 +235,13 @@ class LearnerConfig(ConnectionSettings):
     bootstrap_ping_s: float = setting(
         10.0, "seconds between pings to each bootstrap peer (shown on the status page)", lo=0.1
     )
+    model_work_nice: int = setting(
+        10,
+        "lower the CPU priority of training, log-prob recompute and publishing threads by this much "
+        "(Linux nice), so that the event loop serving the swarm gets the CPU first; 0: the same priority",
+        lo=0,
+        hi=19,
+    )
     torch_threads: int = setting(1, "torch CPU threads for training (per process with --train-procs)", lo=1)
     train_procs: int = setting(
         1,

@@ -58,6 +58,7 @@ from echo_learner.training.lora import (
     wrap,
 )
 from echo_learner.training.model import config_json, describe, load_model, render_prompt, stop_ids, tokenizer_digest
+from echo_learner.training.priority import lowered, set_model_work_nice
 from echo_learner.training.train_group import TrainGroup, check_train_procs
 from echo_learner.training.trainer import Objective, StepStats, Trainer
 from echo_learner.verify.verifier import Limits, Policies, Verifier
@@ -164,6 +165,7 @@ class Learner:
         base's bytes when training a LoRA adapter (what nodes fetch once)."""
         config = self.config
         torch.set_num_threads(config.torch_threads)
+        set_model_work_nice(config.model_work_nice)
         torch.manual_seed(config.seed)
         self.device, why_device = choose_device(config.device)
         if config.train_procs > 1:
@@ -493,7 +495,11 @@ class Learner:
                 # checkpoint written on the way out must say which step they are.
                 with trio.CancelScope(shield=True):
                     stats: StepStats = await trio.to_thread.run_sync(
-                        self.verifier.cpu.timed, "train", self.trainer.step, [r.group for r in batch]
+                        lowered,
+                        self.verifier.cpu.timed,
+                        "train",
+                        self.trainer.step,
+                        [r.group for r in batch],
                     )
                     self.step += 1
                 trained = time.monotonic()
@@ -591,7 +597,7 @@ class Learner:
             signed, chunks = build(version)
             return signed, chunks, self.trainer.snapshot() if policy else None
 
-        signed, chunks, snapshot = await trio.to_thread.run_sync(self.verifier.cpu.timed, "publish", build_all)
+        signed, chunks, snapshot = await trio.to_thread.run_sync(lowered, self.verifier.cpu.timed, "publish", build_all)
         if self.publisher.base is not None and self.publisher.base[0] is signed:
             await self._publish_variants()
         encoded = codec.encode(signed)

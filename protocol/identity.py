@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass, replace
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -46,7 +47,7 @@ class Identity:
     def key_pair(self) -> KeyPair:
         return create_new_key_pair(self.seed)
 
-    @property
+    @cached_property
     def peer_id(self) -> ID:
         return ID.from_pubkey(self.key_pair.public_key)
 
@@ -54,8 +55,13 @@ class Identity:
     def peer_id_str(self) -> str:
         return self.peer_id.to_base58()
 
+    @cached_property
+    def _private_key(self) -> Ed25519PrivateKey:
+        # Built once: the learner signs a receipt for every batch.
+        return Ed25519PrivateKey.from_private_bytes(self.seed)
+
     def sign_bytes(self, data: bytes) -> bytes:
-        return Ed25519PrivateKey.from_private_bytes(self.seed).sign(data)
+        return self._private_key.sign(data)
 
     def sign(self, msg: T) -> T:
         """The message with its ``signature`` field set over its canonical bytes."""
@@ -103,6 +109,7 @@ def load(path: Path) -> Identity:
     return Identity(seed)
 
 
+@lru_cache(maxsize=4096)  # the learner checks every batch's signer: most are the same few thousand peers
 def public_key_of(peer_id: str) -> Ed25519PublicKey:
     """The Ed25519 key embedded in a peer id; ``SignatureError`` if there is none."""
     try:

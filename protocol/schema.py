@@ -30,6 +30,19 @@ class Checker:
     def to_wire(self, value: Any) -> Any:
         return value
 
+    def check_all(self, values: list, where: str) -> tuple[Any, ...]:
+        """``check`` of each item of ``values``, an item's error naming its index."""
+        # Rollouts carry thousands of token ids and log-probs: check them
+        # without building a location string per item, and only on failure
+        # go through again to name the offending one.
+        check = self.check
+        try:
+            return tuple([check(v, where) for v in values])
+        except DecodeError:
+            for i, v in enumerate(values):
+                check(v, f"{where}[{i}]")
+            raise
+
 
 @dataclasses.dataclass(frozen=True)
 class Int(Checker):
@@ -43,6 +56,13 @@ class Int(Checker):
         if not self.lo <= value <= self.hi:
             raise DecodeError(f"{where}: {value} outside [{self.lo}, {self.hi}]")
         return value
+
+    def check_all(self, values: list, where: str) -> tuple[Any, ...]:
+        # Token ids, in C loops (the learner decodes every batch); anything
+        # odd goes item by item, for the error that names it.
+        if not values or (set(map(type, values)) == {int} and self.lo <= min(values) and max(values) <= self.hi):
+            return tuple(values)
+        return super().check_all(values, where)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +86,17 @@ class Float(Checker):
         if not math.isfinite(value) or not self.lo <= value <= self.hi:
             raise DecodeError(f"{where}: {value} outside [{self.lo}, {self.hi}]")
         return value
+
+    def check_all(self, values: list, where: str) -> tuple[Any, ...]:
+        # Log-probs, in C loops, as Int's; ints among them (turned into floats) go item by item.
+        if not values or (
+            set(map(type, values)) == {float}
+            and all(map(math.isfinite, values))
+            and self.lo <= min(values)
+            and max(values) <= self.hi
+        ):
+            return tuple(values)
+        return super().check_all(values, where)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,16 +139,7 @@ class ListOf(Checker):
             raise DecodeError(f"{where}: expected list, got {type(value).__name__}")
         if not self.min_len <= len(value) <= self.max_len:
             raise DecodeError(f"{where}: {len(value)} items outside [{self.min_len}, {self.max_len}]")
-        # Rollouts carry thousands of token ids and log-probs: check them
-        # without building a location string per item, and only on failure
-        # go through again to name the offending one.
-        check = self.item.check
-        try:
-            return tuple([check(v, where) for v in value])
-        except DecodeError:
-            for i, v in enumerate(value):
-                check(v, f"{where}[{i}]")
-            raise
+        return self.item.check_all(value, where)
 
     def to_wire(self, value: Any) -> Any:
         if self.item.scalar:

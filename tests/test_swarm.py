@@ -2,6 +2,7 @@
 
 import json
 import sqlite3
+from pathlib import Path
 
 from protocol import codec
 from protocol.identity import verify
@@ -14,12 +15,27 @@ def mean(xs):
     return sum(xs) / len(xs)
 
 
+def thread_nices(pid: int) -> dict[int, int]:
+    """Each thread's nice value (field 19 of /proc/PID/task/TID/stat, after the command's parentheses)."""
+    nices = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        nices[int(task.name)] = int(fields[16])
+    return nices
+
+
 def test_swarm_trains_and_every_accepted_batch_has_a_receipt(swarm_factory):
     swarm = swarm_factory
     swarm.start_bootstrap()
     learner = swarm.start_learner("--steps", str(STEPS))
     swarm.start_node(0)
     swarm.start_node(1)
+    # Training and recompute run below the event loop's priority (--model-work-nice, 10 by default).
+    swarm.wait_until(lambda: 10 in thread_nices(learner.pid).values(), 300, "a learner thread at nice 10")
+    assert thread_nices(learner.pid)[learner.pid] == 0  # the event loop's thread keeps its priority
     assert learner.wait(timeout=400) == 0, (swarm.root / "learner.log").read_text()[-3000:]
     # Nodes keep retrying a learner that is gone until Ctrl-C, then leave cleanly.
     codes = {name: swarm.stop(name) for name in ("node0", "node1")}

@@ -31,6 +31,7 @@ import torch
 import trio
 
 from echo_learner.training.logprobs import ALTERNATIVES, TokenStats, grouped_logprobs, grouped_token_stats
+from echo_learner.training.priority import lowered
 from echo_learner.verify.emulate import Emulations
 from echo_learner.verify.evidence import FAR_OFF, BatchEvidence, duplicate_surprise
 from protocol.wire.rollout import RolloutBatch, RolloutGroup
@@ -257,7 +258,7 @@ class Recomputer:
             jobs = self._next_pass()
             model = self.models(jobs[0].version)
             if model is not None:
-                results, done = await trio.to_thread.run_sync(self._recompute, model, jobs)
+                results, done = await trio.to_thread.run_sync(lowered, self._recompute, model, jobs)
                 for job, result in zip(jobs, results):
                     job.result = result
                 self.on_pass(done)
