@@ -8,9 +8,9 @@ seconds (docs/learner.md, "Many volunteers"). So the threads that run model
 work lower their own CPU priority (Linux's per-thread nice value) by
 ``--model-work-nice``: the loop gets the CPU when it wants it, model work
 takes the rest. Like torch's thread count, it is set once for the process
-(``set_model_work_nice``, at the learner's start). The threads are trio's cached workers, so the learner's other
-background work that lands on them later (checkpoints, publishing) runs at
-that priority too, which suits it.
+(``set_model_work_nice``, at the learner's start). The threads are trio's
+cached workers, so the learner's other background work that lands on them
+later (checkpoints) runs at that priority too, which suits it.
 
 Elsewhere (macOS: the nice value is the whole process's) nothing changes.
 """
