@@ -38,7 +38,8 @@ from protocol.wire.have import Have
 
 log = logging.getLogger(__name__)
 
-# Peers remembered as having served us a good chunk (then forgotten at once).
+# Peers remembered as having served us a good chunk, or with failed requests
+# (then forgotten at once).
 MAX_TRUSTED = 4096
 
 
@@ -77,6 +78,8 @@ class Downloads:
             rng=self._rng,
             relayed=s.relayed,
             trusted=s.trusted,
+            failures=s.failures,
+            served=s.stats.chunks_from,
             rested=s.download.busy_strangers() if s.download is not None else {},
         )
         for peer, latest in s.neighbours.items():
@@ -162,6 +165,8 @@ class Downloads:
                 self.on_complete(m)
             s.poke_local()
         else:
+            if len(s.failures) >= MAX_TRUSTED:
+                s.failures.clear()
             if outcome == outcomes.BAD:
                 s.stats.banned.append((peer, m.version))
                 self.penalties.ban(peer, "sent a chunk that failed its hash", version=m.version, chunk=idx)
@@ -176,7 +181,8 @@ class Downloads:
                 bad=outcome in (outcomes.BAD, outcomes.DENIED),
                 stalled=outcome == outcomes.STALLED,
                 busy=outcome == chunk.BUSY,
-                declined=outcome in (chunk.ASK_OTHERS, outcomes.OVERTAKEN),
+                declined=outcome == chunk.ASK_OTHERS,
+                overtaken=outcome == outcomes.OVERTAKEN,
             )
             s.poke_downloader()
 

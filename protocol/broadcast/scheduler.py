@@ -47,6 +47,10 @@ class SchedulerConfig:
     busy_backoff_s: float = 0.05
     busy_backoff_max_s: float = 1.0
     busy_stranger_max_s: float = 8.0
+    # Good chunks a peer must have sent us (of any version) to be asked before
+    # peers with fewer: a trickler's one good chunk earned it the same first
+    # place as honest peers that had sent hundreds (issue 55).
+    proven_chunks: int = 3
     # A peer whose request failed (reset, error) is rested this long.
     failure_backoff_s: float = 1.0
     # A chunk the seed declined (ask_others: it went out in the seed's round
@@ -124,6 +128,15 @@ class Download:
     # Peers that have sent us a good chunk before (of any version): asked
     # before peers that never have, which may announce chunks they never send.
     trusted: set[str] = field(default_factory=set)
+    # Each peer's record with us, of every version so far: the good chunks it
+    # sent (``served``) and the requests to it that ended without their chunk
+    # (``failures``: it stalled, or another copy overtook it). A peer with
+    # failures, as many as its good chunks, is doubtful (``_doubtful``). One
+    # good chunk made a peer trusted for good, so a peer that sent one and
+    # then only trickled was asked first at each version's start (issue 55:
+    # honest throughput 0.46 of the baseline).
+    served: Counter = field(default_factory=Counter)
+    failures: Counter = field(default_factory=Counter)
     # (resting until, busy streak) of peers that answered only busy in the
     # previous version (its ``busy_strangers()``): a peer that announces
     # everything and never serves must not start each version afresh.
@@ -199,10 +212,15 @@ class Download:
         if not usable:
             return []
         counts = self.counts
+        doubtful_only = self._held_by_doubtful_only()
         wanted = [
             idx
             for idx, n in counts.items()
-            if n > 0 and idx not in self.have and idx not in self.in_flight and idx not in self.duplicates
+            if n > 0
+            and idx not in doubtful_only
+            and idx not in self.have
+            and idx not in self.in_flight
+            and idx not in self.duplicates
         ]
         wanted.sort(key=lambda idx: (counts[idx], self._tiebreak[idx]))
         typical = self._typical_speed()
@@ -227,11 +245,15 @@ class Download:
         if not wanted:
             # Endgame: nothing left to ask for the first time.
             for idx, first in sorted(self.in_flight.items(), key=lambda kv: self.requested_at[kv[0]]):
-                too_young = now - self.requested_at[idx] < self.endgame_after_s
+                too_young = now - self.requested_at[idx] < self._copy_after(first)
                 if too_young or idx in self.duplicates or idx in self.have:
                     continue
                 others = {p: s for p, s in usable.items() if p != first}
                 peer = self._pick(idx, others, now, typical, endgame=True)
+                if peer is None and self._hedged(first) and self.seed in others:
+                    # The seed holds every chunk, announced or not, and
+                    # serves one asked of it twice.
+                    peer = self.seed
                 if peer is None:
                     continue
                 self._start(peer, idx, usable, now)
@@ -244,20 +266,62 @@ class Download:
     def _orphans(self) -> dict[int, float]:
         """Missing chunks no usable peer announces, each with when it is due
         to be asked of the seed: ``seed_retry_s`` into the download, and as
-        long after the seed last declined it. Empty while the seed is unknown
-        or dropped."""
-        state = self.peers.get(self.seed) if self.seed is not None else None
-        if state is None or state.banned or self._started is None:
+        long after the seed last declined it; a chunk that only doubtful peers
+        announce, at once (the seed serves a chunk asked of it twice). Empty
+        while the seed is unknown or dropped."""
+        state = self._seed_state()
+        if state is None or self._started is None:
             return {}
         after = self._started + self.config.seed_retry_s
+        doubtful_only = self._held_by_doubtful_only()
         return {
-            idx: max(after, state.declined.get(idx, after))
+            idx: self._started if idx in doubtful_only else max(after, state.declined.get(idx, after))
             for idx in range(self.n_chunks)
-            if self.counts[idx] <= 0
+            if (self.counts[idx] <= 0 or idx in doubtful_only)
             and idx not in self.have
             and idx not in self.in_flight
             and idx not in self.duplicates
         }
+
+    def _seed_state(self) -> _Peer | None:
+        """The seed's state, while it is known and not dropped."""
+        state = self.peers.get(self.seed) if self.seed is not None else None
+        return None if state is None or state.banned else state
+
+    def _held_by_doubtful_only(self) -> set[int]:
+        """Chunks that some peer announces, but only doubtful ones: they go to
+        the seed, not to a peer that sent one good chunk and then let our
+        requests time out (a trickler that took the seed's one copy of a
+        chunk held every node's download of it for a whole timeout, 5 s,
+        where the seed asked again serves it at once: issue 55)."""
+        doubtful = {p for p in self.peers if self._doubtful(p)}
+        if self._seed_state() is None or not doubtful:
+            return set()
+        held = set().union(*(s.chunks for s in self.peers.values() if not s.banned))
+        good = set().union(*(s.chunks for p, s in self.peers.items() if not s.banned and p not in doubtful))
+        return held - good
+
+    def _doubtful(self, peer: str) -> bool:
+        """Have requests to ``peer`` failed (stalled, or been overtaken) as
+        often as it sent us good chunks? Its chunks, when nobody else
+        announces them, are asked of the seed."""
+        failures = self.failures.get(peer, 0)
+        return peer != self.seed and failures > 0 and failures >= self.served.get(peer, 0)
+
+    def _hedged(self, peer: str) -> bool:
+        """Is a request to ``peer`` copied by the endgame after one typical
+        request time, by the seed if no peer that served this version holds
+        the chunk (the seed holds every chunk and serves one asked of it
+        twice)? So it is for a peer that has sent us a good chunk and is
+        doubtful or has fewer than ``proven_chunks`` to its name: a trickler
+        that took the seed's one copy of a chunk was otherwise its only other
+        holder until the seed's decline ran out, and every node's download of
+        the version waited (3.4 s). A stranger's request runs on to its
+        answer (``protocol.broadcast.requests``) and is not hedged: copies
+        cost the seed's uplink, the broadcast's scarcest."""
+        if peer == self.seed or peer not in self.trusted:
+            return False
+        return self._doubtful(peer) or self.served.get(peer, 0) < self.config.proven_chunks
 
     def _stranger(self, peer: str, state: _Peer) -> bool:
         """Has ``peer`` never sent us a good chunk (and is not the seed)?"""
@@ -302,13 +366,16 @@ class Download:
 
         # A directly connected holder first, then one that has served us
         # before (a stranger only while those are at their request limit),
-        # then the one expected to deliver soonest; the seed only breaks ties
-        # last, so that other peers take load first.
+        # then one that is not doubtful, then one with a record of
+        # proven_chunks, then the one expected to deliver soonest; the seed
+        # only breaks ties last, so that other peers take load first.
         return min(
             holders,
             key=lambda p: (
                 p in self.relayed,
                 bool(self.trusted) and p not in self.trusted,
+                self._doubtful(p),
+                self.served.get(p, 0) < self.config.proven_chunks,
                 expected_s(p),
                 p == self.seed,
                 self.rng.random(),
@@ -358,17 +425,26 @@ class Download:
             return c.endgame_after_s
         return max(c.endgame_min_s, c.endgame_factor * self._typical_s)
 
+    def _copy_after(self, peer: str) -> float:
+        """How old a request to ``peer`` must be before the endgame copies it:
+        ``endgame_after_s``, or one typical request time when it is hedged
+        (under load a typical request took 1.2 s, and four of them outlasted
+        a trickler's whole timeout)."""
+        if not self._hedged(peer):
+            return self.endgame_after_s
+        c = self.config
+        return max(c.endgame_min_s, self._typical_s) if self.durations else c.endgame_after_s
+
     def next_wakeup(self, now: float) -> float:
         """When a resting peer or declined chunk becomes usable again, or a
         request becomes old enough for an endgame copy (``inf``: never)."""
         times = [
             t for s in self.peers.values() if not s.banned for t in (s.resting_until, *s.declined.values()) if t > now
         ]
-        after = self.endgame_after_s
         times += [
-            self.requested_at[idx] + after
-            for idx in self.in_flight
-            if idx not in self.duplicates and self.requested_at[idx] + after > now
+            self.requested_at[idx] + self._copy_after(peer)
+            for idx, peer in self.in_flight.items()
+            if idx not in self.duplicates and self.requested_at[idx] + self._copy_after(peer) > now
         ]
         times += [t for t in self._orphans().values() if t > now]  # then the seed's to send
         return min(times, default=math.inf)
@@ -419,6 +495,7 @@ class Download:
         busy: bool = False,
         declined: bool = False,
         stalled: bool = False,
+        overtaken: bool = False,
     ) -> None:
         """The request failed.
 
@@ -430,16 +507,19 @@ class Download:
         slot; it rests a moment.
         ``declined``: the peer (the seed) wants this chunk fetched from others;
         we ask it for other chunks meanwhile, and for this one again after
-        ``seed_retry_s`` if nobody else has sent it. Otherwise (reset, error)
-        the peer rests longer.
+        ``seed_retry_s`` if nobody else has sent it. ``overtaken``: another
+        peer's copy came first. Otherwise (reset, error) the peer rests longer.
+        A stall or an overtaken request counts among the peer's ``failures``.
         """
         self._finish(peer, idx)
+        if stalled or overtaken:
+            self.failures[peer] += 1
         state = self.peers.get(peer)
         if state is None:
             return
         if bad or (stalled and peer != self.seed):
             self.drop(peer)
-        elif declined:
+        elif declined or overtaken:
             state.declined[idx] = now + self.config.seed_retry_s
         elif busy:
             backoff = self.config.busy_backoff_s * 2 ** min(state.busy_streak, 10)

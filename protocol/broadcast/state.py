@@ -10,6 +10,7 @@ change: a have-writer (``have_changed``), a caller of ``wait_newer`` or
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import trio
@@ -47,6 +48,10 @@ class EngineState:
     # Peers that have sent us a good chunk: asked first, and given a second
     # chance after a stall.
     trusted: set[str] = field(default_factory=set)
+    # Requests to each peer that ended without their chunk (it stalled, or
+    # another copy overtook it); with its good chunks (stats.chunks_from),
+    # the record that makes a peer doubtful (``scheduler.Download``).
+    failures: Counter = field(default_factory=Counter)
     target: Manifest | None = None  # the version downloaded (the seed: published) now
     queued: Manifest | None = None  # the newest version, once the current one is done
     download: Download | None = None  # of ``target``

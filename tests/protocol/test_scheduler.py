@@ -1,4 +1,5 @@
 import random
+from collections import Counter
 
 from protocol.broadcast import bitfield
 from protocol.broadcast.scheduler import Download, SchedulerConfig
@@ -331,8 +332,96 @@ def test_the_endgame_copy_goes_to_the_seed_not_to_another_untried_announcer():
     assert first != "seed"  # an untried peer first: it may relay
     assert d.next_requests(2.0) == [("seed", 1)]  # not the other untried peer
     d.on_failed("seed", 1, 2.1, declined=True)
-    assert d.next_requests(2.2) == []  # nor while the seed declines
+    assert d.next_requests(2.2) == []  # nor while the seed declines (a stranger's request is not hedged)
     assert d.next_requests(2.1 + d.config.seed_retry_s) == [("seed", 1)]
+
+
+def test_a_slow_request_to_a_proven_peer_waits_for_a_declining_seed():
+    config = SchedulerConfig(endgame_after_s=1.0, proven_chunks=3)
+    d = Download(2, {0}, seed="seed", config=config, rng=random.Random(0), served={"old friend": 3})
+    d.trusted |= {"old friend"}
+    d.update_peer("old friend", frozenset({0, 1}))
+    d.update_peer("seed", frozenset())  # it announces nothing: its round went out
+    assert d.next_requests(0.0) == [("old friend", 1)]
+    d.on_failed("seed", 1, 0.5, declined=True)  # it declined chunk 1 before
+    assert d.next_requests(1.5) == []  # a proven peer is only slow: the seed's decline holds
+    assert d.next_wakeup(1.5) == 0.5 + config.seed_retry_s
+
+
+def test_a_peer_whose_requests_fail_as_often_as_it_delivers_is_asked_after_the_others():
+    failures: Counter = Counter()
+    served = Counter({"a": 5, "b": 5})
+
+    def version(n_chunks: int = 2) -> Download:
+        config = SchedulerConfig(max_in_flight=1)
+        d = Download(
+            n_chunks, set(), seed="seed", config=config, rng=random.Random(0), failures=failures, served=served
+        )
+        d.trusted |= {"a", "b"}
+        for peer in ("a", "b"):
+            d.update_peer(peer, frozenset(range(n_chunks)))
+        return d
+
+    d = version()
+    [(first, idx)] = d.next_requests(0.0)
+    other = "b" if first == "a" else "a"
+    for t in range(5):  # overtaken four times, stalled once: as often as it delivered
+        d.on_failed(first, idx, 1.0, overtaken=t < 4, stalled=t == 4)
+        d = version()
+        [(peer, idx)] = d.next_requests(0.0)
+        if t < 4:
+            assert peer == first  # an honest peer overtaken now and then keeps its place
+    assert failures == {first: 5}
+    assert peer == other  # the next versions (the record is the engine's) ask the other first
+    d.peers[other].banned = True  # only the doubtful peer is left: it is still asked
+    d.on_failed(other, idx, 0.1)
+    [(peer, idx)] = d.next_requests(0.0)
+    assert peer == first
+    served[first] += 1  # it delivered once more (ChunkRequests counts good chunks)
+    d = version()
+    [(peer, _)] = d.next_requests(0.0)
+    assert peer in {"a", "b"} and not d._doubtful(first)
+
+
+def test_a_chunk_only_doubtful_peers_announce_is_asked_of_the_seed_at_once():
+    config = SchedulerConfig(seed_retry_s=2.0)
+    for failures, asked in ((Counter({"trickler": 1}), "seed"), (Counter(), "trickler")):
+        d = Download(
+            2, {0}, seed="seed", config=config, rng=random.Random(0), served={"trickler": 1}, failures=failures
+        )
+        d.trusted |= {"trickler", "seed"}
+        d.update_peer("trickler", frozenset({0, 1}))  # it took the seed's one copy of chunk 1
+        d.update_peer("seed", frozenset())  # and the seed announces it no more
+        # A trickler (one good chunk, then a failed request) is not waited
+        # for, nor is seed_retry_s; a peer with a clean record is asked.
+        assert d.next_requests(0.0) == [(asked, 1)]
+
+
+def test_a_peer_with_a_record_is_asked_before_one_with_a_single_good_chunk():
+    config = SchedulerConfig(max_in_flight=1, proven_chunks=3)
+    for record in ({"honest": 3, "trickler": 1}, {"honest": 40, "trickler": 2}):
+        d = Download(8, set(), seed="seed", config=config, rng=random.Random(0), served=record)
+        d.trusted |= {"honest", "trickler"}
+        d.update_peer("trickler", ALL)
+        d.update_peer("honest", ALL)
+        assert [p for p, _ in d.next_requests(0.0)] == ["honest"]
+
+
+def test_a_request_to_a_doubtful_peer_is_copied_after_one_typical_request_time():
+    config = SchedulerConfig(endgame_factor=4.0, endgame_min_s=0.25, proven_chunks=3)
+    d = Download(3, set(), seed="seed", config=config, rng=random.Random(0), served={"friend": 9, "newcomer": 1})
+    d.trusted |= {"friend", "newcomer", "seed"}
+    d.update_peer("friend", frozenset({0, 1}))
+    d.update_peer("newcomer", frozenset({2}))
+    d.update_peer("seed", frozenset())
+    requests = dict((idx, p) for p, idx in d.next_requests(0.0))
+    assert requests == {0: "friend", 1: "friend", 2: "newcomer"}
+    d.on_done("friend", 0, 0.5)
+    d.on_done("friend", 1, 0.5)  # a typical request takes 0.5 s: the endgame waits 2 s
+    assert d.endgame_after_s == 2.0
+    assert d.next_wakeup(0.4) == 0.5  # but the newcomer's is copied one typical request time in
+    assert d.next_requests(0.4) == []
+    assert d.next_requests(0.5) == [("seed", 2)]  # the seed holds every chunk, announced or not
 
 
 def test_the_endgame_waits_a_few_typical_request_times():
