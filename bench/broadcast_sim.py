@@ -479,7 +479,7 @@ class Simulation:
             return
         proc.download.on_done(uploader, idx, self.now)
         proc.download.trusted.add(uploader)  # as the engine does
-        proc.download.served[uploader] += 1
+        proc.download.records.served[uploader] += 1
         # An endgame copy that has no byte yet ends as a stall (as the engine's).
         for peer, i in [key for key in proc.pending if key[1] == idx]:
             self.cancel(proc, peer, i)

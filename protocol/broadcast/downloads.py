@@ -78,8 +78,7 @@ class Downloads:
             rng=self._rng,
             relayed=s.relayed,
             trusted=s.trusted,
-            failures=s.failures,
-            served=s.stats.chunks_from,
+            records=s.records,
             rested=s.download.busy_strangers() if s.download is not None else {},
         )
         for peer, latest in s.neighbours.items():
@@ -165,8 +164,8 @@ class Downloads:
                 self.on_complete(m)
             s.poke_local()
         else:
-            if len(s.failures) >= MAX_TRUSTED:
-                s.failures.clear()
+            if len(s.records.failures) >= MAX_TRUSTED:
+                s.records.failures.clear()
             if outcome == outcomes.BAD:
                 s.stats.banned.append((peer, m.version))
                 self.penalties.ban(peer, "sent a chunk that failed its hash", version=m.version, chunk=idx)

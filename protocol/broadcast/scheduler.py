@@ -8,7 +8,9 @@ given us (peers reached only through a relay only when no directly connected
 holder is free); at most ``max_in_flight_per_peer`` requests per peer and
 ``max_in_flight`` in all. Peers that have served us before are asked before
 strangers, and strangers get few requests (they may announce chunks they
-never send). A request with no answer after a few typical request times
+never send). Each peer's record over every version (``PeerRecords``) puts
+a *doubtful* peer last and sends the chunks only such peers announce to the
+seed. A request with no answer after a few typical request times
 (``request_timeout``) is abandoned and its peer dropped for the version.
 Endgame: once every missing chunk is requested, a request older than
 ``endgame_after_s`` is also sent to a holder that has proven it serves, so one
@@ -31,6 +33,8 @@ import statistics
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from protocol.broadcast.records import PeerRecords
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -47,9 +51,10 @@ class SchedulerConfig:
     busy_backoff_s: float = 0.05
     busy_backoff_max_s: float = 1.0
     busy_stranger_max_s: float = 8.0
-    # Good chunks a peer must have sent us (of any version) to be asked before
-    # peers with fewer: a trickler's one good chunk earned it the same first
-    # place as honest peers that had sent hundreds (issue 55).
+    # Good chunks a peer must have sent us (of any version, ``PeerRecords``)
+    # to be asked before peers with fewer, and for a request to it to be
+    # copied no sooner than others: a trickler's one good chunk earned it the
+    # same first place as honest peers that had sent hundreds (issue 55).
     proven_chunks: int = 3
     # A peer whose request failed (reset, error) is rested this long.
     failure_backoff_s: float = 1.0
@@ -128,15 +133,9 @@ class Download:
     # Peers that have sent us a good chunk before (of any version): asked
     # before peers that never have, which may announce chunks they never send.
     trusted: set[str] = field(default_factory=set)
-    # Each peer's record with us, of every version so far: the good chunks it
-    # sent (``served``) and the requests to it that ended without their chunk
-    # (``failures``: it stalled, or another copy overtook it). A peer with
-    # failures, as many as its good chunks, is doubtful (``_doubtful``). One
-    # good chunk made a peer trusted for good, so a peer that sent one and
-    # then only trickled was asked first at each version's start (issue 55:
-    # honest throughput 0.46 of the baseline).
-    served: Counter = field(default_factory=Counter)
-    failures: Counter = field(default_factory=Counter)
+    # Each peer's record with us over every version (good chunks, failed
+    # requests): the engine's, shared by all its versions' downloads.
+    records: PeerRecords = field(default_factory=PeerRecords)
     # (resting until, busy streak) of peers that answered only busy in the
     # previous version (its ``busy_strangers()``): a peer that announces
     # everything and never serves must not start each version afresh.
@@ -235,7 +234,8 @@ class Download:
             if len(out) == free or not usable:
                 return out
         if self.seed in usable:
-            due = sorted((idx for idx, t in self._orphans().items() if t <= now), key=self._tiebreak.__getitem__)
+            orphans = self._orphans(doubtful_only)
+            due = sorted((idx for idx, t in orphans.items() if t <= now), key=self._tiebreak.__getitem__)
             for idx in due:
                 self._start(self.seed, idx, usable, now)
                 self.in_flight[idx] = self.seed
@@ -263,17 +263,19 @@ class Download:
                     break
         return out
 
-    def _orphans(self) -> dict[int, float]:
+    def _orphans(self, doubtful_only: set[int] | None = None) -> dict[int, float]:
         """Missing chunks no usable peer announces, each with when it is due
         to be asked of the seed: ``seed_retry_s`` into the download, and as
         long after the seed last declined it; a chunk that only doubtful peers
         announce, at once (the seed serves a chunk asked of it twice). Empty
-        while the seed is unknown or dropped."""
-        state = self._seed_state()
-        if state is None or self._started is None:
+        while the seed is unknown or dropped. ``doubtful_only``: those chunks,
+        when the caller has them already."""
+        state = self.peers.get(self.seed) if self.seed is not None else None
+        if state is None or state.banned or self._started is None:
             return {}
         after = self._started + self.config.seed_retry_s
-        doubtful_only = self._held_by_doubtful_only()
+        if doubtful_only is None:
+            doubtful_only = self._held_by_doubtful_only()
         return {
             idx: self._started if idx in doubtful_only else max(after, state.declined.get(idx, after))
             for idx in range(self.n_chunks)
@@ -283,37 +285,26 @@ class Download:
             and idx not in self.duplicates
         }
 
-    def _seed_state(self) -> _Peer | None:
-        """The seed's state, while it is known and not dropped."""
-        state = self.peers.get(self.seed) if self.seed is not None else None
-        return None if state is None or state.banned else state
-
     def _held_by_doubtful_only(self) -> set[int]:
         """Chunks that some peer announces, but only doubtful ones: they go to
         the seed, not to a peer that sent one good chunk and then let our
         requests time out (a trickler that took the seed's one copy of a
         chunk held every node's download of it for a whole timeout, 5 s,
         where the seed asked again serves it at once: issue 55)."""
-        doubtful = {p for p in self.peers if self._doubtful(p)}
-        if self._seed_state() is None or not doubtful:
+        doubtful = {p for p in self.peers if p != self.seed and self.records.doubtful(p)}
+        seed = self.peers.get(self.seed) if self.seed is not None else None
+        if seed is None or seed.banned or not doubtful:
             return set()
         held = set().union(*(s.chunks for s in self.peers.values() if not s.banned))
         good = set().union(*(s.chunks for p, s in self.peers.items() if not s.banned and p not in doubtful))
         return held - good
-
-    def _doubtful(self, peer: str) -> bool:
-        """Have requests to ``peer`` failed (stalled, or been overtaken) as
-        often as it sent us good chunks? Its chunks, when nobody else
-        announces them, are asked of the seed."""
-        failures = self.failures.get(peer, 0)
-        return peer != self.seed and failures > 0 and failures >= self.served.get(peer, 0)
 
     def _hedged(self, peer: str) -> bool:
         """Is a request to ``peer`` copied by the endgame after one typical
         request time, by the seed if no peer that served this version holds
         the chunk (the seed holds every chunk and serves one asked of it
         twice)? So it is for a peer that has sent us a good chunk and is
-        doubtful or has fewer than ``proven_chunks`` to its name: a trickler
+        doubtful or not yet proven (``PeerRecords``): a trickler
         that took the seed's one copy of a chunk was otherwise its only other
         holder until the seed's decline ran out, and every node's download of
         the version waited (3.4 s). A stranger's request runs on to its
@@ -321,7 +312,7 @@ class Download:
         cost the seed's uplink, the broadcast's scarcest."""
         if peer == self.seed or peer not in self.trusted:
             return False
-        return self._doubtful(peer) or self.served.get(peer, 0) < self.config.proven_chunks
+        return self.records.doubtful(peer) or not self.records.proven(peer, self.config.proven_chunks)
 
     def _stranger(self, peer: str, state: _Peer) -> bool:
         """Has ``peer`` never sent us a good chunk (and is not the seed)?"""
@@ -374,8 +365,8 @@ class Download:
             key=lambda p: (
                 p in self.relayed,
                 bool(self.trusted) and p not in self.trusted,
-                self._doubtful(p),
-                self.served.get(p, 0) < self.config.proven_chunks,
+                p != self.seed and self.records.doubtful(p),
+                not self.records.proven(p, self.config.proven_chunks),
                 expected_s(p),
                 p == self.seed,
                 self.rng.random(),
@@ -509,11 +500,11 @@ class Download:
         we ask it for other chunks meanwhile, and for this one again after
         ``seed_retry_s`` if nobody else has sent it. ``overtaken``: another
         peer's copy came first. Otherwise (reset, error) the peer rests longer.
-        A stall or an overtaken request counts among the peer's ``failures``.
+        A stall or an overtaken request counts against the peer's record.
         """
         self._finish(peer, idx)
         if stalled or overtaken:
-            self.failures[peer] += 1
+            self.records.failed(peer)
         state = self.peers.get(peer)
         if state is None:
             return

@@ -10,7 +10,6 @@ change: a have-writer (``have_changed``), a caller of ``wait_newer`` or
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 import trio
@@ -18,6 +17,7 @@ from libp2p.host.exceptions import HostException
 from libp2p.network.exceptions import SwarmException
 from libp2p.network.stream.exceptions import StreamError
 
+from protocol.broadcast.records import PeerRecords
 from protocol.broadcast.scheduler import Download
 from protocol.broadcast.settings import BroadcastConfig, Stats
 from protocol.broadcast.store import VersionStore
@@ -48,16 +48,18 @@ class EngineState:
     # Peers that have sent us a good chunk: asked first, and given a second
     # chance after a stall.
     trusted: set[str] = field(default_factory=set)
-    # Requests to each peer that ended without their chunk (it stalled, or
-    # another copy overtook it); with its good chunks (stats.chunks_from),
-    # the record that makes a peer doubtful (``scheduler.Download``).
-    failures: Counter = field(default_factory=Counter)
+    # Each peer's record over every version (good chunks: ``stats.chunks_from``;
+    # failed requests), built in __post_init__.
+    records: PeerRecords = field(init=False)
     target: Manifest | None = None  # the version downloaded (the seed: published) now
     queued: Manifest | None = None  # the newest version, once the current one is done
     download: Download | None = None  # of ``target``
     local_changed: trio.Event = field(default_factory=trio.Event)
     progress: trio.Event = field(default_factory=trio.Event)
     wake_downloader: trio.Event = field(default_factory=trio.Event)
+
+    def __post_init__(self) -> None:
+        self.records = PeerRecords(served=self.stats.chunks_from)
 
     @property
     def me(self) -> str:

@@ -2,6 +2,7 @@ import random
 from collections import Counter
 
 from protocol.broadcast import bitfield
+from protocol.broadcast.records import PeerRecords
 from protocol.broadcast.scheduler import Download, SchedulerConfig
 from protocol.broadcast.uploads import UploadPolicy, UploadQueue
 
@@ -338,7 +339,9 @@ def test_the_endgame_copy_goes_to_the_seed_not_to_another_untried_announcer():
 
 def test_a_slow_request_to_a_proven_peer_waits_for_a_declining_seed():
     config = SchedulerConfig(endgame_after_s=1.0, proven_chunks=3)
-    d = Download(2, {0}, seed="seed", config=config, rng=random.Random(0), served={"old friend": 3})
+    d = Download(
+        2, {0}, seed="seed", config=config, rng=random.Random(0), records=PeerRecords(Counter({"old friend": 3}))
+    )
     d.trusted |= {"old friend"}
     d.update_peer("old friend", frozenset({0, 1}))
     d.update_peer("seed", frozenset())  # it announces nothing: its round went out
@@ -349,14 +352,11 @@ def test_a_slow_request_to_a_proven_peer_waits_for_a_declining_seed():
 
 
 def test_a_peer_whose_requests_fail_as_often_as_it_delivers_is_asked_after_the_others():
-    failures: Counter = Counter()
-    served = Counter({"a": 5, "b": 5})
+    records = PeerRecords(served=Counter({"a": 5, "b": 5}))
 
     def version(n_chunks: int = 2) -> Download:
         config = SchedulerConfig(max_in_flight=1)
-        d = Download(
-            n_chunks, set(), seed="seed", config=config, rng=random.Random(0), failures=failures, served=served
-        )
+        d = Download(n_chunks, set(), seed="seed", config=config, rng=random.Random(0), records=records)
         d.trusted |= {"a", "b"}
         for peer in ("a", "b"):
             d.update_peer(peer, frozenset(range(n_chunks)))
@@ -371,23 +371,28 @@ def test_a_peer_whose_requests_fail_as_often_as_it_delivers_is_asked_after_the_o
         [(peer, idx)] = d.next_requests(0.0)
         if t < 4:
             assert peer == first  # an honest peer overtaken now and then keeps its place
-    assert failures == {first: 5}
+    assert records.failures == {first: 5}
     assert peer == other  # the next versions (the record is the engine's) ask the other first
     d.peers[other].banned = True  # only the doubtful peer is left: it is still asked
     d.on_failed(other, idx, 0.1)
     [(peer, idx)] = d.next_requests(0.0)
     assert peer == first
-    served[first] += 1  # it delivered once more (ChunkRequests counts good chunks)
+    records.served[first] += 1  # it delivered once more (ChunkRequests counts good chunks)
     d = version()
     [(peer, _)] = d.next_requests(0.0)
-    assert peer in {"a", "b"} and not d._doubtful(first)
+    assert peer in {"a", "b"} and not records.doubtful(first)
 
 
 def test_a_chunk_only_doubtful_peers_announce_is_asked_of_the_seed_at_once():
     config = SchedulerConfig(seed_retry_s=2.0)
     for failures, asked in ((Counter({"trickler": 1}), "seed"), (Counter(), "trickler")):
         d = Download(
-            2, {0}, seed="seed", config=config, rng=random.Random(0), served={"trickler": 1}, failures=failures
+            2,
+            {0},
+            seed="seed",
+            config=config,
+            rng=random.Random(0),
+            records=PeerRecords(Counter({"trickler": 1}), failures),
         )
         d.trusted |= {"trickler", "seed"}
         d.update_peer("trickler", frozenset({0, 1}))  # it took the seed's one copy of chunk 1
@@ -400,7 +405,7 @@ def test_a_chunk_only_doubtful_peers_announce_is_asked_of_the_seed_at_once():
 def test_a_peer_with_a_record_is_asked_before_one_with_a_single_good_chunk():
     config = SchedulerConfig(max_in_flight=1, proven_chunks=3)
     for record in ({"honest": 3, "trickler": 1}, {"honest": 40, "trickler": 2}):
-        d = Download(8, set(), seed="seed", config=config, rng=random.Random(0), served=record)
+        d = Download(8, set(), seed="seed", config=config, rng=random.Random(0), records=PeerRecords(Counter(record)))
         d.trusted |= {"honest", "trickler"}
         d.update_peer("trickler", ALL)
         d.update_peer("honest", ALL)
@@ -409,7 +414,14 @@ def test_a_peer_with_a_record_is_asked_before_one_with_a_single_good_chunk():
 
 def test_a_request_to_a_doubtful_peer_is_copied_after_one_typical_request_time():
     config = SchedulerConfig(endgame_factor=4.0, endgame_min_s=0.25, proven_chunks=3)
-    d = Download(3, set(), seed="seed", config=config, rng=random.Random(0), served={"friend": 9, "newcomer": 1})
+    d = Download(
+        3,
+        set(),
+        seed="seed",
+        config=config,
+        rng=random.Random(0),
+        records=PeerRecords(Counter({"friend": 9, "newcomer": 1})),
+    )
     d.trusted |= {"friend", "newcomer", "seed"}
     d.update_peer("friend", frozenset({0, 1}))
     d.update_peer("newcomer", frozenset({2}))
