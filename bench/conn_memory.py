@@ -25,6 +25,7 @@ import sys
 import tracemalloc
 from pathlib import Path
 
+import psutil
 import trio
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,13 +41,6 @@ from protocol.net.host import make_host, parse_multiaddr  # noqa: E402
 PROTOCOL = "/echo-bench/echo/1.0.0"
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 MAX_FRAME = 1 << 20
-
-
-def rss_kib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 async def serve(trace: bool) -> None:
@@ -65,7 +59,7 @@ async def serve(trace: bool) -> None:
 
     def report() -> dict:
         nonlocal first
-        out: dict = {"rss_kib": rss_kib()}
+        out: dict = {"rss_kib": psutil.Process().memory_info().rss // 1024}
         if trace:
             out["traced_kib"] = tracemalloc.get_traced_memory()[0] // 1024
             snapshot = tracemalloc.take_snapshot()

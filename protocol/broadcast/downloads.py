@@ -38,8 +38,7 @@ from protocol.wire.have import Have
 
 log = logging.getLogger(__name__)
 
-# Peers remembered as having served us a good chunk, or with failed requests
-# (then forgotten at once).
+# Peers remembered as having served us a good chunk (then forgotten at once).
 MAX_TRUSTED = 4096
 
 
@@ -164,8 +163,6 @@ class Downloads:
                 self.on_complete(m)
             s.poke_local()
         else:
-            if len(s.records.failures) >= MAX_TRUSTED:
-                s.records.failures.clear()
             if outcome == outcomes.BAD:
                 s.stats.banned.append((peer, m.version))
                 self.penalties.ban(peer, "sent a chunk that failed its hash", version=m.version, chunk=idx)

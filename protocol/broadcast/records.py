@@ -16,6 +16,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+# Peers whose failed requests are remembered; past that the failures are
+# forgotten at once, as ``downloads.MAX_TRUSTED`` forgets the trusted, so that
+# a swarm of short-lived strangers cannot grow the table.
+MAX_PEERS = 4096
+
 
 @dataclass
 class PeerRecords:
@@ -26,6 +31,8 @@ class PeerRecords:
     failures: Counter = field(default_factory=Counter)
 
     def failed(self, peer: str) -> None:
+        if peer not in self.failures and len(self.failures) >= MAX_PEERS:
+            self.failures.clear()
         self.failures[peer] += 1
 
     def doubtful(self, peer: str) -> bool:

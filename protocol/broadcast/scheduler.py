@@ -432,11 +432,12 @@ class Download:
         times = [
             t for s in self.peers.values() if not s.banned for t in (s.resting_until, *s.declined.values()) if t > now
         ]
-        times += [
+        copies = (
             self.requested_at[idx] + self._copy_after(peer)
             for idx, peer in self.in_flight.items()
-            if idx not in self.duplicates and self.requested_at[idx] + self._copy_after(peer) > now
-        ]
+            if idx not in self.duplicates
+        )
+        times += [t for t in copies if t > now]
         times += [t for t in self._orphans().values() if t > now]  # then the seed's to send
         return min(times, default=math.inf)
 
