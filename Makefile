@@ -78,9 +78,11 @@ test-fast: lint install-llama
 	$(PY) -m pytest -q -n 2 -m "not procs and not heavy" tests/protocol tests/learner tests/node tests/test_layout.py
 
 # Everything but the long end-to-end runs: unit tests, real swarms on
-# loopback, the browser (~15 minutes on 2 cores).
+# loopback, the browser, on both cores (pytest-xdist; the network-namespace
+# tests on one worker at a time: xdist_group): ~12 minutes on 2 cores, ~21
+# one test at a time.
 test: install-llama install-browser install-net
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow"
 
 # The long end-to-end runs (marked slow): every model family's swarm, a real
 # SmolLM2, the NAT namespaces, attackers, crashes, the wheel in a fresh venv

@@ -4,32 +4,42 @@ Each scenario runs a fresh swarm of real processes on 127.0.0.1 (bootstrap,
 learner, 3 honest nodes), waits until every honest node has had a batch
 accepted, starts one attack (bench/attacker.py, its own process under
 SCHED_IDLE and capped at ``--attacker-cores`` by a cgroup: a real attacker
-burns its own machine's CPU, not ours; see ``cpu_cap``), and counts the
-honest nodes' accepted batches in the learner's ledger over ``--window-s``
-seconds. The baseline is the same swarm with no attacker, run first and again
-after every two scenarios: this machine's speed drifts over minutes, so
+burns its own machine's CPU, not ours; see ``confine.cpu_cap``), and counts
+the honest nodes' accepted batches in the learner's ledger over
+``--window-s`` seconds. Every scenario runs once per learner mode
+(``--modes``: sync, then async; the learner's and nodes' default limits).
+The baseline is the same swarm with no attacker, run first and again after
+every two scenarios: this machine's speed drifts over minutes, so
 ``honest_retained`` is an attack's rate over the mean of the two baselines
 beside it. An attack's first try is its verdict: with ``--rerun-misses`` a
 missed one runs once more between two fresh baselines, and that try is
-reported beside it (``rerun``) but decides nothing. A control scenario (eight peers that join and ask for nothing) shows
-what the attacker's presence alone costs on this machine.
+reported beside it (``rerun``) but decides nothing. A control scenario
+(eight peers that join and ask for nothing) shows what the attacker's
+presence alone costs on this machine; with the baselines' coefficient of
+variation (``baseline_cv``) it says whether the run could tell an attack
+from noise (``steady``: every control in [0.9, 1.1], every cv <= 0.10).
 
 Also checked per scenario: no honest process died, and every receipt an
 honest node holds has its row in the learner's ledger (``ledger_consistent``).
-``honest_cpu_ms_per_batch`` (the honest processes' CPU over their accepted
-batches) tells an attack's cost apart from a scenario this machine ran slowly;
-``machine`` (where the machine's CPU time went: busy, disk wait, taken by the
-host) and ``learner`` (its event loop's lateness, steps and refusals, read
-from its status API each second) say why a scenario ran slowly.
+``learner_cpu_per_batch_ratio`` (the learner's CPU per accepted honest batch
+during the scenario over the same in the baselines beside it) tells what an
+attack costs the learner from what the attacker process took of this
+machine's cores (``cpu_cores``); ``honest_cpu_ms_per_batch`` (the honest
+processes' CPU over their accepted batches) tells an attack's cost apart
+from a scenario this machine ran slowly; ``machine`` (where the machine's
+CPU time went: busy, disk wait, taken by the host) and ``learner`` (its
+event loop's lateness, steps and refusals, read from its status API each
+second) say why a scenario ran slowly.
 
-    python bench/attacks.py --json            # ~25 minutes on 2 cores (more per rerun miss)
-    python bench/attacks.py --only work_flood # one attack (and the baselines)
+    python bench/attacks.py --json            # ~50 minutes on 2 cores (both modes)
+    python bench/attacks.py --only work_flood --modes async  # one attack, one mode (and the baselines)
+    python bench/attacks.py --only idle_members  # the baselines and the control alone
 
-Targets (issues 14, 40 and 55): ``honest_retained >= 0.8`` for every attack,
-``>= 0.9`` for api_pollers, with every honest process alive, no honest node
-stopped, the ledger consistent and the attack ``engaged`` (its own counters
-show it did what it is: ``ENGAGED``); relay_exhaustion also
-``honest_reserved`` true.
+Targets (issues 14, 40 and 55): ``honest_retained >= 0.8`` for every attack
+in both modes, ``>= 0.9`` for api_pollers, with every honest process alive,
+no honest node stopped, the ledger consistent and the attack ``engaged``
+(its own counters show it did what it is: ``ENGAGED``); relay_exhaustion
+also ``honest_reserved`` true. ``all_met_first_try`` says all of them held.
 """
 
 from __future__ import annotations
@@ -37,20 +47,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from confine import attacker_limits, cpu_cap  # noqa: E402
 from harness import accepted_in, ledger_verdicts, node_receipts  # noqa: E402
 from localswarm import LocalSwarm, local_swarm  # noqa: E402
+from observe import StatusSampler, cpu_s, machine_shares, machine_times  # noqa: E402
 from swarmproc import free_port  # noqa: E402
 
 from protocol.identity import load_or_create  # noqa: E402
@@ -135,137 +146,16 @@ def engaged(name: str, counters: dict) -> bool:
 
 
 BASELINE_EVERY = 2  # scenarios between two baselines
+MAX_BASELINE_CV = 0.10  # issue 55: a run whose baselines spread wider cannot judge an attack at 0.8
 
 
 def accepted_since(ledger: Path, peers: set[str], since_ms: int, until_ms: int) -> int:
     return sum(batches for peer, (batches, _) in accepted_in(ledger, since_ms, until_ms).items() if peer in peers)
 
 
-def idle_priority() -> None:
-    """Run the attacker only on CPU time nobody else wants (SCHED_IDLE): on a
-    real swarm it burns its own machine, and on this 2-core one even a nice-19
-    process slows torch's threads by sharing their cores."""
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-
-
-CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
-CGROUP_V2 = Path("/sys/fs/cgroup")
-
-
-def cpu_cap(cores: float) -> Path | None:
-    """A cgroup whose processes get at most ``cores`` of CPU (v1 cfs quota or
-    v2 cpu.max; needs root). None where neither can be set up.
-
-    Why: SCHED_IDLE is not enough on this 2-core VM. Eight peers that only join
-    the swarm and ask for nothing (the idle_members control) cost the honest
-    nodes ~19 % of their accepted batches uncapped, ~6 % (noise) capped at
-    0.04 core: the attacker's own CPU, which a real attacker spends on its
-    own machine, not anything it makes our processes do.
-    """
-    period = 100_000
-    quota = max(1000, int(cores * period))
-    try:
-        if (CGROUP_V1 / "cpu.cfs_quota_us").exists():
-            group = CGROUP_V1 / f"echo-attacker-{quota}"
-            group.mkdir(exist_ok=True)
-            (group / "cpu.cfs_period_us").write_text(str(period))
-            (group / "cpu.cfs_quota_us").write_text(str(quota))
-        elif "cpu" in (CGROUP_V2 / "cgroup.controllers").read_text().split():
-            (CGROUP_V2 / "cgroup.subtree_control").write_text("+cpu")
-            group = CGROUP_V2 / f"echo-attacker-{quota}"
-            group.mkdir(exist_ok=True)
-            (group / "cpu.max").write_text(f"{quota} {period}")
-        else:
-            return None
-    except OSError:
-        return None
-    return group
-
-
 def cap_group(name: str, args: argparse.Namespace) -> Path | None:
     """The cgroup capping attack ``name``'s CPU (``CORES``, else ``--attacker-cores``)."""
     return cpu_cap(CORES[name]) if name in CORES else args.cap_group
-
-
-def attacker_limits(group: Path | None):
-    """preexec_fn for the attacker: into ``group`` (if any), then SCHED_IDLE."""
-
-    def apply() -> None:
-        if group is not None:
-            (group / "cgroup.procs").write_text("0")
-        idle_priority()
-
-    return apply
-
-
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, all threads) a process has used so far."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine_times() -> list[int]:
-    """The machine's CPU time so far, in ticks: user, nice, system, idle, iowait, irq, softirq, steal."""
-    return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-
-
-def machine_shares(before: list[int], after: list[int]) -> dict:
-    """Where the machine's CPU time went between two ``machine_times``: busy,
-    waiting on the disk, and taken by the host (steal), as shares of the whole."""
-    d = [a - b for a, b in zip(after, before)]
-    total = sum(d) or 1
-    return {
-        "busy": round((d[0] + d[1] + d[2] + d[5] + d[6]) / total, 3),
-        "iowait": round(d[4] / total, 3),
-        "steal": round(d[7] / total, 3),
-    }
-
-
-class StatusSampler:
-    """The learner's ``/api/status`` read once a second in a thread during the
-    window: how late its event loop ran (past ``--busy-lag-ms`` new work
-    requests hear 'busy') and how many steps it made."""
-
-    def __init__(self, api_port: int):
-        self.url = f"http://127.0.0.1:{api_port}/api/status"
-        self.lags: list[float] = []
-        self.first: dict | None = None
-        self.last: dict | None = None
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self.stop.wait(1.0):
-            try:
-                with urllib.request.urlopen(self.url, timeout=5) as reply:
-                    status = json.loads(reply.read())
-            except (OSError, ValueError):
-                continue
-            self.first = self.first or status
-            self.last = status
-            self.lags.append(status["load"]["loop_lag_ms"])
-
-    def __enter__(self) -> StatusSampler:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
-
-    def summary(self) -> dict:
-        if not self.lags or self.first is None or self.last is None:
-            return {}
-        return {
-            "loop_lag_ms_mean": round(sum(self.lags) / len(self.lags), 1),
-            "loop_lag_ms_max": max(self.lags),
-            "steps": self.last["step"] - self.first["step"],
-            "versions": self.last["version"] - self.first["version"],
-            "batches_refused": self.last["batches_refused"] - self.first["batches_refused"],
-        }
 
 
 def wait_for(what: str, done, timeout_s: float, swarm: LocalSwarm) -> None:
@@ -289,8 +179,9 @@ def ledger_consistent(swarm: LocalSwarm, ledger: Path) -> bool:
     )
 
 
-def scenario(name: str, args: argparse.Namespace, root: Path) -> dict:
-    """One swarm, optionally one attack; the honest accepted-batch rate."""
+def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict:
+    """One swarm (the learner in ``mode``: sync or async), optionally one
+    attack; the honest accepted-batch rate."""
     with local_swarm(root) as swarm:
         env = BOOTSTRAP_ENV.get(name, {})
         os.environ.update(env)  # read by the bootstrap alone: it is started first, and they go again
@@ -301,7 +192,7 @@ def scenario(name: str, args: argparse.Namespace, root: Path) -> dict:
                 del os.environ[key]
         learner_port, api_port = free_port(), free_port()
         swarm.listen = f"/ip4/127.0.0.1/tcp/{learner_port}"
-        swarm.start_learner("--steps", "1000000", "--status-port", str(api_port))
+        swarm.start_learner("--steps", "1000000", "--status-port", str(api_port), "--mode", mode)
         swarm.listen = "/ip4/127.0.0.1/tcp/0"
         ledger = root / "learner" / "ledger.sqlite"
         honest = {load_or_create(root / f"node{i}" / "identity.key").peer_id_str for i in range(HONEST)}
@@ -388,6 +279,10 @@ def scenario(name: str, args: argparse.Namespace, root: Path) -> dict:
         # What each accepted honest batch cost the honest processes: it moves
         # with an attack's cost, not with how much CPU this machine gave the
         # swarm (a scenario whose whole swarm ran at half speed kept it).
+        # The learner's own CPU per accepted honest batch: an attack that
+        # makes the learner work shows here, whatever the attacker process
+        # took from this machine's cores.
+        "learner_cpu_ms_per_batch": round(1000 * cpu["learner"] / (accepted / args.window_s), 1) if accepted else None,
         "honest_cpu_ms_per_batch": (
             round(1000 * sum(c for n, c in cpu.items() if n != "attacker") / (accepted / args.window_s))
             if accepted
@@ -408,62 +303,49 @@ def scenario(name: str, args: argparse.Namespace, root: Path) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", action="store_true", help="print only the JSON result")
-    parser.add_argument(
-        "--only", action="append", choices=sorted(set(ATTACKS) - {CONTROL}), help="run just these attacks"
+def judged(name: str, result: dict, before: dict, after: dict) -> dict:
+    """``result`` against the baselines run just before and just after it."""
+    reference = (before["rate_per_s"] + after["rate_per_s"]) / 2
+    result["baseline_rate_per_s"] = round(reference, 3)
+    result["honest_retained"] = round(result["rate_per_s"] / reference, 3) if reference else 0.0
+    # The learner's CPU per honest batch during the scenario over the same
+    # figure in the baselines beside it: above 1, the attack costs the learner.
+    per_batch = [b["learner_cpu_ms_per_batch"] for b in (before, after) if b.get("learner_cpu_ms_per_batch")]
+    if result.get("learner_cpu_ms_per_batch") and per_batch:
+        result["learner_cpu_per_batch_ratio"] = round(
+            result["learner_cpu_ms_per_batch"] / statistics.mean(per_batch), 3
+        )
+    if name == CONTROL:
+        return result
+    result["target"] = TARGET.get(name, 0.8)
+    # An attack that did not take hold is not a pass.
+    result["engaged"] = engaged(name, result.get("attacker", {}))
+    result["met"] = (
+        result["honest_retained"] >= result["target"]
+        and result["honest_alive"]
+        and result["nodes_stopped"] == 0
+        and result["ledger_consistent"]
+        and result["engaged"]
+        and result.get("honest_reserved", True)
     )
-    parser.add_argument("--window-s", type=float, default=40.0, help="measurement window per scenario")
-    parser.add_argument("--settle-s", type=float, default=8.0, help="attack running before the window opens")
-    parser.add_argument("--join-timeout-s", type=float, default=180.0)
-    parser.add_argument("--keep", action="store_true", help="keep the run's logs (printed path)")
-    parser.add_argument(
-        "--rerun-misses",
-        action="store_true",
-        help="run a missed attack a second time between fresh baselines, to report (the first try decides)",
-    )
-    parser.add_argument(
-        "--attacker-cores",
-        type=float,
-        default=0.1,
-        help="CPU cap for the attacker process (cgroup; 0: SCHED_IDLE only)",
-    )
-    args = parser.parse_args()
-    args.cap_group = cpu_cap(args.attacker_cores) if args.attacker_cores > 0 else None
+    return result
 
-    root = Path(tempfile.mkdtemp(prefix="echo-attacks-"))
-    names = args.only or [n for n in ATTACKS if n != CONTROL]
+
+def coefficient_of_variation(rates: list[float]) -> float | None:
+    return round(statistics.stdev(rates) / statistics.mean(rates), 3) if len(rates) > 1 and any(rates) else None
+
+
+def run_mode(mode: str, names: list[str], args: argparse.Namespace, root: Path) -> dict:
+    """Every scenario of ``names`` (and the control) with the learner in ``mode``."""
     timeline: list[tuple[str, dict]] = []  # every scenario run, in order
-    started = time.monotonic()
 
     def run(name: str) -> dict:
         if not args.json:
-            print(f"{name} ...", file=sys.stderr, flush=True)
-        result = scenario(name, args, root / f"{len(timeline):02d}-{name}")
+            print(f"{mode} {name} ...", file=sys.stderr, flush=True)
+        result = scenario(name, mode, args, root / f"{mode}-{len(timeline):02d}-{name}")
         if not args.json:
             print(f"  {json.dumps(result)}", file=sys.stderr, flush=True)
         timeline.append((name, result))
-        return result
-
-    def judged(name: str, result: dict, before: dict, after: dict) -> dict:
-        """``result`` against the baselines run just before and just after it."""
-        reference = (before["rate_per_s"] + after["rate_per_s"]) / 2
-        result["baseline_rate_per_s"] = round(reference, 3)
-        result["honest_retained"] = round(result["rate_per_s"] / reference, 3) if reference else 0.0
-        if name == CONTROL:
-            return result
-        result["target"] = TARGET.get(name, 0.8)
-        # An attack that did not take hold is not a pass.
-        result["engaged"] = engaged(name, result.get("attacker", {}))
-        result["met"] = (
-            result["honest_retained"] >= result["target"]
-            and result["honest_alive"]
-            and result["nodes_stopped"] == 0
-            and result["ledger_consistent"]
-            and result["engaged"]
-            and result.get("honest_reserved", True)
-        )
         return result
 
     # This machine's speed drifts by minutes (baselines of one run 3.6 and
@@ -490,19 +372,79 @@ def main() -> None:
         rerun = run(name)
         attacks[name]["rerun"] = judged(name, rerun, before, run("baseline"))
     baselines = [r for n, r in timeline if n == "baseline"]
-    base_rate = sum(b["rate_per_s"] for b in baselines) / len(baselines)
-    out = {
-        "honest_nodes": HONEST,
-        "window_s": args.window_s,
-        "attacker_cores_cap": args.attacker_cores if args.cap_group is not None else None,
+    rates = [b["rate_per_s"] for b in baselines]
+    return {
         # Every baseline, in the order run; each attack names its own
         # reference (``baseline_rate_per_s``: the two beside it).
-        "baseline": {"rate_per_s": round(base_rate, 3), "runs": baselines},
+        "baseline": {
+            "rate_per_s": round(statistics.mean(rates), 3),
+            "cv": coefficient_of_variation(rates),
+            "runs": baselines,
+        },
         # Not an attack: peers that join and ask for nothing, run like one.
         # What they cost is what the attacker process's mere presence costs here.
         "control_idle_members": control,
         "attacks": attacks,
         "all_met": all(r["met"] for r in attacks.values()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print only the JSON result")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=sorted(ATTACKS),
+        help=f"run just these attacks ({CONTROL}: only the baselines and the control)",
+    )
+    parser.add_argument(
+        "--modes",
+        default="sync,async",
+        help="the learner's training modes to run every scenario in, comma-separated (sync, async)",
+    )
+    parser.add_argument("--window-s", type=float, default=40.0, help="measurement window per scenario")
+    parser.add_argument("--settle-s", type=float, default=8.0, help="attack running before the window opens")
+    parser.add_argument("--join-timeout-s", type=float, default=180.0)
+    parser.add_argument("--keep", action="store_true", help="keep the run's logs (printed path)")
+    parser.add_argument(
+        "--rerun-misses",
+        action="store_true",
+        help="run a missed attack a second time between fresh baselines, to report (the first try decides)",
+    )
+    parser.add_argument(
+        "--attacker-cores",
+        type=float,
+        default=0.1,
+        help="CPU cap for the attacker process (cgroup; 0: SCHED_IDLE only)",
+    )
+    args = parser.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - {"sync", "async"}:
+        parser.error(f"--modes: a comma-separated list of sync and async, not {args.modes!r}")
+    args.cap_group = cpu_cap(args.attacker_cores) if args.attacker_cores > 0 else None
+
+    root = Path(tempfile.mkdtemp(prefix="echo-attacks-"))
+    names = [n for n in (args.only or ATTACKS) if n != CONTROL]
+    started = time.monotonic()
+    runs = {mode: run_mode(mode, names, args, root) for mode in modes}
+    out = {
+        "honest_nodes": HONEST,
+        "window_s": args.window_s,
+        "attacker_cores_cap": args.attacker_cores if args.cap_group is not None else None,
+        # The verdict: every attack met its target on its first try, in every mode.
+        "all_met_first_try": all(r["all_met"] for r in runs.values()),
+        # Whether this run could tell an attack from noise: the control read
+        # 0.9-1.1 and the baselines' coefficient of variation stayed <= 0.10.
+        "control_retained": {m: r["control_idle_members"]["honest_retained"] for m, r in runs.items()},
+        "baseline_cv": {m: r["baseline"]["cv"] for m, r in runs.items()},
+        "steady": all(
+            0.9 <= r["control_idle_members"]["honest_retained"] <= 1.1
+            and r["baseline"]["cv"] is not None
+            and r["baseline"]["cv"] <= MAX_BASELINE_CV
+            for r in runs.values()
+        ),
+        "modes": runs,
         "cpus": os.cpu_count(),
         "wall_s": round(time.monotonic() - started, 1),
     }

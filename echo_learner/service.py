@@ -390,6 +390,9 @@ class Learner:
             config=BroadcastConfig(max_upload_mbit=cfg.max_upload_mbit),
             variants=VersionStore(weights_dir / "variants", learner_id=self.me, keep=cfg.keep_versions),
             have_listener=self._on_have,
+            # Peers that ask for work; the others get one version's worth of
+            # chunks from us, then the free riders' share (issue 55).
+            works=lambda peer: peer in self.peers.peers and not self.peers.banned(peer),
         )
         self.publisher.adopt_base(store)
         await self._publish_variants()

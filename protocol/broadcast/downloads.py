@@ -145,7 +145,7 @@ class Downloads:
                 guessed=s.download is None or not s.download.durations,
                 is_neighbour=s.neighbours.__contains__,
                 announces=self._announces,
-                trusted=s.trusted.__contains__,
+                trusted=self._vouched,
             )
         except PEER_ERRORS as exc:
             event(log, logging.DEBUG, "chunk request failed", peer=peer, idx=idx, error=exc)
@@ -181,6 +181,14 @@ class Downloads:
                 overtaken=outcome == outcomes.OVERTAKEN,
             )
             s.poke_downloader()
+
+    def _vouched(self, peer: str) -> bool:
+        """Has ``peer`` sent us a good chunk, and more good chunks than
+        requests to it failed? Only then is its request that another copy
+        overtook let off as slower this once; a doubtful peer's runs on to
+        its verdict. (A trickler's requests were all overtaken by the copies
+        they drew, before its first byte: it was never struck, issue 55.)"""
+        return peer in self.state.trusted and not self.state.records.doubtful(peer)
 
     def _on_ban(self, peer: str) -> None:
         if self.state.download is not None:

@@ -60,11 +60,14 @@ class BroadcastEngine:
         variant: str = "",
         variants: VersionStore | None = None,
         have_listener: Callable[[str, Have], None] | None = None,
+        works: Callable[[str], bool] | None = None,
     ):
         """``variant``: the variant format this process runs bases in, if the
         learner publishes one ("" for none); ``variants``: the seed's store of
         the variants it publishes; ``have_listener``: told of every
-        neighbour's Have (the learner uses it to time the broadcast)."""
+        neighbour's Have (the learner uses it to time the broadcast);
+        ``works``: the seed's, does a peer work for the job (peers that do
+        not are served one version's worth, then as free riders)."""
         self.state = s = EngineState(swarm, store, job_id, learner_id, is_seed, config, target=store.newest())
         # What the process and the serving side read (the same objects as the state's).
         self.swarm, self.store, self.config, self.stats = swarm, store, config, s.stats
@@ -72,7 +75,7 @@ class BroadcastEngine:
         self.neighbours = s.neighbours
         self.variants = variants
         self.have_listener = have_listener
-        self.server = ChunkServer(self)
+        self.server = ChunkServer(self, works)
         self.requests = ChunkRequests(
             swarm,
             store,

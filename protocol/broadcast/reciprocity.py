@@ -44,6 +44,7 @@ class Standing:
     _naming: set[str] = field(default_factory=set)  # neighbours whose latest Have names chunks
     _gave_at: dict[str, float] = field(default_factory=dict)  # peer -> when it last named or sent a chunk
     _sent: dict[str, int] = field(default_factory=dict)  # peer -> chunks we sent it while it had no standing
+    _sent_idle: dict[str, int] = field(default_factory=dict)  # the seed: peer -> chunks sent it while it did not work
 
     def note_have(self, peer: str, have: Have, now: float) -> None:
         """``peer``'s latest Have. One naming chunks gives standing while it is
@@ -68,17 +69,35 @@ class Standing:
         """``peer`` sent us a good chunk."""
         self._renew(peer, now)
 
-    def note_sent(self, peer: str, now: float) -> None:
-        """We sent ``peer`` a chunk: spends its initial credit unless it redistributes."""
+    def note_sent(self, peer: str, now: float, *, works: bool = True) -> None:
+        """We sent ``peer`` a chunk: spends its initial credit unless it
+        redistributes, and the seed's idle credit (``free_rider``) unless it
+        ``works`` for the job."""
+        if not works:
+            if len(self._sent_idle) >= MAX_REMEMBERED and peer not in self._sent_idle:
+                self._sent_idle.clear()
+            self._sent_idle[peer] = self._sent_idle.get(peer, 0) + 1
         if self._redistributes(peer, now):
             return
         if len(self._sent) >= MAX_REMEMBERED and peer not in self._sent:
             self._sent.clear()
         self._sent[peer] = self._sent.get(peer, 0) + 1
 
-    def free_rider(self, peer: str, now: float, *, neighbour: bool, banned: bool) -> bool:
-        """Is ``peer`` to be served only within the free riders' share?"""
+    def free_rider(
+        self, peer: str, now: float, *, neighbour: bool, banned: bool, idle_credit: int | None = None
+    ) -> bool:
+        """Is ``peer`` to be served only within the free riders' share?
+
+        ``idle_credit``: the seed's, for a peer that does not work for the job
+        (it never asked for work): the chunks it is sent before it is a free
+        rider, however it redistributes. One version's worth lets a newcomer
+        fetch its first version (a node asks for work once it holds one); a
+        peer that then fetches every version and works for nobody took the
+        seed's first copies and its CPU from the nodes (four that sent each
+        node one good chunk and then trickled: issue 55)."""
         if banned or not neighbour:
+            return True
+        if idle_credit is not None and self._sent_idle.get(peer, 0) >= idle_credit:
             return True
         if self._redistributes(peer, now):
             return False

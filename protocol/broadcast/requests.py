@@ -25,7 +25,6 @@ from protocol.broadcast.scheduler import Download
 from protocol.broadcast.settings import Stats
 from protocol.broadcast.store import VersionStore
 from protocol.errors import ChunkHashMismatch
-from protocol.manifest import chunk_len
 from protocol.messages import ErrorReply, Manifest
 from protocol.models import updates
 from protocol.net.swarm import Swarm
@@ -50,18 +49,22 @@ class _OpenRequest:
     scope: trio.CancelScope
     started: float
     guessed: bool  # its timeout is the first guess, made before any request time was measured
-    trusted: bool  # the peer has sent us a good chunk before
+    trusted: bool  # the peer vouches for itself (see ``request``): an overtaken request of it ends at once
     received: int = 0  # bytes so far
     first_byte_at: float | None = None
     overtaken: bool = False  # cancelled because another peer's copy of the chunk came first
 
-    def too_slow(self, now: float, stall_s: float, min_bytes_per_s: float) -> bool:
-        """Have its bytes, flowing for ``stall_s`` at least, come slower than
-        ``min_bytes_per_s``? (Before that, or before any byte, nothing is
-        known against it: a busy honest peer queues requests.)"""
-        if self.first_byte_at is None or now - self.first_byte_at < stall_s:
-            return False
-        return self.received < min_bytes_per_s * (now - self.first_byte_at)
+    def deadline_after(self, n: int, now: float, stall_s: float, min_bytes_per_s: float) -> float:
+        """``n`` more bytes came at ``now``: the request's new deadline. Once
+        bytes flow, each must be followed within ``stall_s``, and the bytes so
+        far must keep ``min_bytes_per_s`` after ``stall_s`` of grace: cut the
+        moment they fall behind that pace, not when the whole chunk would be
+        due at it (a trickler sending a byte every 2 s held a 1 MiB request
+        for 131 s that way)."""
+        if self.first_byte_at is None:
+            self.first_byte_at = now
+        self.received += n
+        return min(now + stall_s, self.first_byte_at + stall_s + self.received / min_bytes_per_s)
 
 
 class ChunkRequests:
@@ -95,15 +98,17 @@ class ChunkRequests:
         ``announces(peer, m, idx)`` (its latest Have names the chunk, so
         refusing it is a lie).
 
+        Once bytes flow they must keep ``min_bytes_per_s`` after ``stall_s``
+        of grace, or the request ends ``STALLED`` there and then.
+
         When another peer's copy comes first (``cancel_copies``), a request
-        to a peer that has sent us a good chunk (``trusted(peer)``) ends
+        to a peer that vouches for itself (``trusted(peer)``: it has sent us
+        good chunks, and more of them than requests to it failed) ends
         ``OVERTAKEN``: the peer was only slower this once. Counting that as a
         stall had honest nodes on one busy machine ban each other within a
-        minute (bench/attacks.py baselines). But bytes that came slower than
-        ``min_bytes_per_s`` are a stall, overtaken or not: a trusted peer
-        must not trickle. A stranger's request with no byte yet runs on to
-        its answer or its timeout: that tells an honest peer (now trusted)
-        from one that never sends (``STALLED``)."""
+        minute (bench/attacks.py baselines). Any other peer's request runs on
+        to its answer, its timeout or its pace: that tells an honest peer
+        (now trusted) from one that never sends or trickles (``STALLED``)."""
         lanes = self._lanes.setdefault(peer, [])
         stream = lanes.pop() if lanes else None
         reusable = False
@@ -111,15 +116,8 @@ class ChunkRequests:
         with trio.CancelScope(deadline=started + timeout_s) as scope:
             open_request = self._open[(peer, idx)] = _OpenRequest(scope, started, guessed, trusted(peer))
 
-            # The frame is the chunk and a few bytes of envelope.
-            must_end_s = self.stall_s + chunk_len(m, idx) / self.min_bytes_per_s
-
             def progress(n: int) -> None:
-                now = trio.current_time()
-                if open_request.first_byte_at is None:
-                    open_request.first_byte_at = now
-                open_request.received += n
-                scope.deadline = min(now + self.stall_s, open_request.first_byte_at + must_end_s)
+                scope.deadline = open_request.deadline_after(n, trio.current_time(), self.stall_s, self.min_bytes_per_s)
 
             try:
                 if stream is None:
@@ -134,9 +132,7 @@ class ChunkRequests:
                 elif stream is not None:
                     await discard(stream)
         if scope.cancelled_caught:
-            if open_request.overtaken and not open_request.too_slow(
-                trio.current_time(), self.stall_s, self.min_bytes_per_s
-            ):
+            if open_request.overtaken:
                 return OVERTAKEN
             self.stats.stalls[peer] += 1
             event(log, logging.INFO, "peer stalled; reissuing", peer=peer, chunk=idx)
@@ -170,9 +166,9 @@ class ChunkRequests:
 
     def cancel_copies(self, idx: int, done_by: str) -> None:
         """Chunk ``idx`` came from ``done_by``: end the requests for it to
-        others, but a stranger's with no byte yet (see ``request``)."""
+        trusted peers; the others run on to their verdict (see ``request``)."""
         for (other, i), open_request in list(self._open.items()):
-            if i == idx and other != done_by and (open_request.trusted or open_request.received):
+            if i == idx and other != done_by and open_request.trusted:
                 open_request.overtaken = True
                 open_request.scope.cancel()
 

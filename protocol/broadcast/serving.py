@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 import trio
@@ -59,8 +59,11 @@ class Engine(Protocol):
 
 
 class ChunkServer:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, works: Callable[[str], bool] | None = None):
+        """``works``: the seed's view of who works for the job (see
+        ``reciprocity.Standing.free_rider``); None: everyone does."""
         self.engine = engine
+        self.works = works
         self.bucket = TokenBucket.from_mbit(engine.config.max_upload_mbit)
         self.free_bucket = TokenBucket.from_mbit(engine.config.free_rider_mbit)
         self._queue = UploadQueue(engine.config.slots(engine.config.max_upload_mbit))
@@ -69,6 +72,7 @@ class ChunkServer:
         self._uplink_idle.set()
         self.standing = Standing(engine.config.initial_credit_chunks, engine.config.credit_s)
         self._policies: dict[tuple[int, str], UploadPolicy] = {}  # by version and variant
+        self._largest_version = 0  # chunks in the largest version served: a newcomer's first fetch
 
     def offered(self, version: int) -> frozenset[int] | None:
         """The chunks of ``version`` the seed offers now (None: no policy yet, all)."""
@@ -101,8 +105,13 @@ class ChunkServer:
         peer = remote_peer(stream)
         offer = policy.offered()
         weak = peer in e.relayed_peers
+        idle = self.works is not None and not self.works(peer)
         free = self.standing.free_rider(
-            peer, trio.current_time(), neighbour=e.neighbours.get(peer) is not None, banned=e.banned(peer)
+            peer,
+            trio.current_time(),
+            neighbour=e.neighbours.get(peer) is not None,
+            banned=e.banned(peer),
+            idle_credit=self._largest_version if idle else None,
         )
         verdict = policy.allow(req.index, peer, weak, free)
         if verdict != "ok":
@@ -136,7 +145,7 @@ class ChunkServer:
             ok = True
             e.stats.bytes_up += len(data)
             e.stats.chunks_up += 1
-            self.standing.note_sent(peer, trio.current_time())
+            self.standing.note_sent(peer, trio.current_time(), works=not idle)
             if free:
                 e.stats.free_rider_bytes_up += len(data)
         finally:
@@ -192,6 +201,7 @@ class ChunkServer:
         key = (version, variant)
         if key not in self._policies:
             n = len(store.manifests[version].chunk_hashes)
+            self._largest_version = max(self._largest_version, n)
             self._policies[key] = UploadPolicy(
                 n,
                 e.config.admitted(e.config.max_upload_mbit, seed=e.is_seed),

@@ -42,11 +42,12 @@ class BroadcastConfig:
     # first byte (queued at the uploader) the wait follows the measured
     # request times (SchedulerConfig.timeout_*).
     stall_s: float = 3.0
-    # And once they flow, a chunk must come at this pace on average: a peer
-    # that sends a byte just inside every stall_s (after a good chunk, so that
-    # an overtaken request of it is no stall) held honest nodes at 0.21 of
-    # their throughput (issue 55). 8 KiB/s gives a 1 MiB chunk 128 s, an
-    # eighth of what a 1 Mbit/s uplink's two upload slots carry each.
+    # And once they flow, the bytes must keep this pace (after stall_s of
+    # grace), or the request is cut as stalled: a peer that sends a byte just
+    # inside every stall_s (after a good chunk, so that an overtaken request
+    # of it is no stall) held honest nodes at 0.21 of their throughput (issue
+    # 55). 8 KiB/s is an eighth of what a 1 Mbit/s uplink's two upload slots
+    # carry each.
     min_chunk_kib_s: float = 8.0
     # Neighbour discovery runs this often, backing off (doubling) to
     # discover_max_interval_s while it finds nobody new.

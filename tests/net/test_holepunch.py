@@ -17,7 +17,11 @@ from netns import Topology, missing_tools
 from swarmproc import Peer, wait_until
 
 why_not = missing_tools()
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(why_not), reason=f"NAT tests: {why_not}")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group("netns"),
+    pytest.mark.skipif(bool(why_not), reason=f"NAT tests: {why_not}"),
+]
 
 LISTEN = "/ip4/0.0.0.0/tcp/4001"
 

@@ -25,7 +25,11 @@ from localswarm import local_swarm
 from netns import Topology, missing_tools
 
 why_not = missing_tools("miniupnpd", "iptables-legacy")
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(why_not), reason=f"NAT tests: {why_not}")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group("netns"),
+    pytest.mark.skipif(bool(why_not), reason=f"NAT tests: {why_not}"),
+]
 
 NODES = (1, 2, 3)  # node1 behind home1, node2 behind the strict home2, node3 behind home3
 

@@ -54,6 +54,24 @@ def test_a_peer_that_names_no_chunk_rides_free_after_its_initial_credit():
     assert s.free_rider("banned", 0, neighbour=True, banned=True)
 
 
+def test_the_seed_serves_a_peer_that_never_works_one_version_then_as_a_free_rider():
+    s = Standing(initial_credit_chunks=2, credit_s=60)
+    m, _ = patterned_version(JOB, chunk_size=CHUNK, n_chunks=4)
+    relaying = Have(JOB, m.version, manifest_digest(m), bitfield.encode({0, 1, 2, 3}, 4))
+    for peer in ("idle", "worker"):
+        s.note_have(peer, relaying, now=0)  # both pass chunks on
+    for _ in range(4):  # a version's worth: a newcomer's first fetch, before it asks for work
+        assert not s.free_rider("idle", 0, neighbour=True, banned=False, idle_credit=4)
+        s.note_sent("idle", 0, works=False)
+    # Then it is a free rider however it relays, while it works for nobody.
+    assert s.free_rider("idle", 0, neighbour=True, banned=False, idle_credit=4)
+    # Once it asks for work the seed passes no idle credit: it relays, so it is served.
+    assert not s.free_rider("idle", 0, neighbour=True, banned=False)
+    for _ in range(8):  # a worker's chunks spend no idle credit
+        s.note_sent("worker", 0)
+    assert not s.free_rider("worker", 0, neighbour=True, banned=False, idle_credit=4)
+
+
 def test_free_riders_are_admitted_one_requesters_worth():
     p = UploadPolicy(n_chunks=8, max_admitted=6, is_seed=False, max_free_admitted=2)
     assert [p.allow(i, f"L{i}", free=True) for i in range(3)] == ["ok", "ok", "busy"]

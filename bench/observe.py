@@ -1,0 +1,80 @@
+"""What a bench's window cost: each process's CPU, where the machine's CPU
+time went, and the learner's own view (its status API read each second)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import urllib.request
+from pathlib import Path
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a process has used so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_times() -> list[int]:
+    """The machine's CPU time so far, in ticks: user, nice, system, idle, iowait, irq, softirq, steal."""
+    return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+
+
+def machine_shares(before: list[int], after: list[int]) -> dict:
+    """Where the machine's CPU time went between two ``machine_times``: busy,
+    waiting on the disk, and taken by the host (steal), as shares of the whole."""
+    d = [a - b for a, b in zip(after, before)]
+    total = sum(d) or 1
+    return {
+        "busy": round((d[0] + d[1] + d[2] + d[5] + d[6]) / total, 3),
+        "iowait": round(d[4] / total, 3),
+        "steal": round(d[7] / total, 3),
+    }
+
+
+class StatusSampler:
+    """The learner's ``/api/status`` read once a second in a thread during the
+    window: how late its event loop ran (past ``--busy-lag-ms`` new work
+    requests hear 'busy') and how many steps it made."""
+
+    def __init__(self, api_port: int):
+        self.url = f"http://127.0.0.1:{api_port}/api/status"
+        self.lags: list[float] = []
+        self.first: dict | None = None
+        self.last: dict | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(1.0):
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as reply:
+                    status = json.loads(reply.read())
+            except (OSError, ValueError):
+                continue
+            self.first = self.first or status
+            self.last = status
+            self.lags.append(status["load"]["loop_lag_ms"])
+
+    def __enter__(self) -> StatusSampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def summary(self) -> dict:
+        if not self.lags or self.first is None or self.last is None:
+            return {}
+        return {
+            "loop_lag_ms_mean": round(sum(self.lags) / len(self.lags), 1),
+            "loop_lag_ms_max": max(self.lags),
+            "steps": self.last["step"] - self.first["step"],
+            "versions": self.last["version"] - self.first["version"],
+            "batches_refused": self.last["batches_refused"] - self.first["batches_refused"],
+        }
