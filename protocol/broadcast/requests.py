@@ -166,9 +166,10 @@ class ChunkRequests:
 
     def cancel_copies(self, idx: int, done_by: str) -> None:
         """Chunk ``idx`` came from ``done_by``: end the requests for it to
-        trusted peers; the others run on to their verdict (see ``request``)."""
+        others, but those with no byte yet to a peer that does not vouch for
+        itself: they run on to their verdict (see ``request``)."""
         for (other, i), open_request in list(self._open.items()):
-            if i == idx and other != done_by and open_request.trusted:
+            if i == idx and other != done_by and (open_request.trusted or open_request.received):
                 open_request.overtaken = True
                 open_request.scope.cancel()
 
