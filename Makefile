@@ -79,8 +79,8 @@ test-fast: lint install-llama
 
 # Everything but the long end-to-end runs: unit tests, real swarms on
 # loopback, the browser, on both cores (pytest-xdist; the network-namespace
-# tests on one worker at a time: xdist_group): ~12 minutes on 2 cores, ~21
-# one test at a time.
+# tests on one worker at a time: xdist_group): 12-14 minutes on 2 cores
+# (2026-11-29), 20-22 one test at a time.
 test: install-llama install-browser install-net
 	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow"
 

@@ -17,7 +17,7 @@ reported beside it (``rerun``) but decides nothing. A control scenario
 (eight peers that join and ask for nothing) shows what the attacker's
 presence alone costs on this machine; with the baselines' coefficient of
 variation (``baseline_cv``) it says whether the run could tell an attack
-from noise (``steady``: every control in [0.9, 1.1], every cv <= 0.10).
+from noise (``steady``: every control joined and read 0.9-1.1, every cv <= 0.10).
 
 Also checked per scenario: no honest process died, and every receipt an
 honest node holds has its row in the learner's ledger (``ledger_consistent``).
@@ -103,7 +103,10 @@ UNCAPPED = {"stalling_chunk_peers", "trickling_chunk_peers", "busy_flapping"}
 # sybil_requests: eight identities, each joining as a node does (DHT lookups,
 # the job's record and manifest read and checked before it takes the job); at
 # 0.1 core between them none had asked for work by the end of the window.
-CORES = {"empty_have_leech": 0.4, "sybil_requests": 0.3}
+# The control joins the same way, and at 0.1 core none of its eight had
+# joined by the end of any window of six runs (its counters stayed empty):
+# it measured eight half-made handshakes, not eight members.
+CORES = {"empty_have_leech": 0.4, "sybil_requests": 0.3, CONTROL: 0.3}
 # 140 hosts, each with its Noise handshake, all in one process: uncapped; SCHED_IDLE still
 # gives the honest processes the CPU first.
 UNCAPPED |= {"relay_exhaustion"}
@@ -315,11 +318,12 @@ def judged(name: str, result: dict, before: dict, after: dict) -> dict:
         result["learner_cpu_per_batch_ratio"] = round(
             result["learner_cpu_ms_per_batch"] / statistics.mean(per_batch), 3
         )
+    # An attack that did not take hold is not a pass, nor a control whose
+    # members never joined a measure of their presence.
+    result["engaged"] = engaged(name, result.get("attacker", {}))
     if name == CONTROL:
         return result
     result["target"] = TARGET.get(name, 0.8)
-    # An attack that did not take hold is not a pass.
-    result["engaged"] = engaged(name, result.get("attacker", {}))
     result["met"] = (
         result["honest_retained"] >= result["target"]
         and result["honest_alive"]
@@ -439,7 +443,8 @@ def main() -> None:
         "control_retained": {m: r["control_idle_members"]["honest_retained"] for m, r in runs.items()},
         "baseline_cv": {m: r["baseline"]["cv"] for m, r in runs.items()},
         "steady": all(
-            0.9 <= r["control_idle_members"]["honest_retained"] <= 1.1
+            r["control_idle_members"]["engaged"]
+            and 0.9 <= r["control_idle_members"]["honest_retained"] <= 1.1
             and r["baseline"]["cv"] is not None
             and r["baseline"]["cv"] <= MAX_BASELINE_CV
             for r in runs.values()

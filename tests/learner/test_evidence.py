@@ -111,6 +111,7 @@ def sharp():
     return list(versions(3))[1]
 
 
+@pytest.mark.heavy  # a sweep of ~3,000 rollouts (10.9 s on 2 cores, 2026-11-29)
 def test_thousands_of_honest_rollouts_are_never_caught():
     rng, evidence = random.Random(0), book()
     rollouts = 0
@@ -124,6 +125,7 @@ def test_thousands_of_honest_rollouts_are_never_caught():
     assert rollouts >= 2800 and max(row.sampler.values()) < EvidenceLimits().sampler_limit / 2
 
 
+@pytest.mark.heavy  # a sweep of a peaked policy's rare tokens (19.6 s on 2 cores, 2026-11-29)
 def test_a_peaked_policy_s_rare_honest_tokens_are_never_caught():
     """Late in training: entropy ~0.001 nats a token, and now and then a
     token of probability 1e-4. Rare tokens are what exact likelihood ratios

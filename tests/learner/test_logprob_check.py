@@ -60,6 +60,7 @@ def sample_batches(model, rng, batches, max_new_tokens, temperature=1.0, prompts
         yield prompts, batch
 
 
+@pytest.mark.heavy  # a sweep of thousands of rollouts (12.5 s on 2 cores, 2026-11-29)
 def test_thousands_of_honest_rollouts_have_zero_false_rejects():
     rng = random.Random(0)
     rollouts, worst, most_z = 0, 0.0, 0.0
