@@ -197,8 +197,13 @@ class Downloads:
     def _holds_as_base(self, peer: str, latest: Have, m: Manifest) -> bool:
         """Does ``peer`` hold ``m`` in full, following a newer version? Its Have
         names the base it holds (engines fetch an update only once they hold
-        its base in full); the learner holds the variants it published."""
-        if m.format in updates.VARIANTS and peer == self.state.learner_id:
+        its base in full); the learner holds what it published and keeps,
+        variants and versions it has moved past alike. (A learner restarted
+        while a chunk of v1 was only its own announced v2 at once: nodes
+        finishing v1, half done, found no holder of that chunk and waited
+        for ever. One it dropped answers ``unknown_chunk``: a failed
+        request, asked elsewhere.)"""
+        if peer == self.state.learner_id:
             return latest.version >= m.version
         return latest.version > m.version and latest.base_digest == manifest_digest(m)
 
