@@ -86,7 +86,7 @@ test: install-llama install-browser install-net
 
 # The long end-to-end runs (marked slow): every model family's swarm, a real
 # SmolLM2, the NAT namespaces, attackers, crashes, the wheel in a fresh venv
-# (~15 minutes on 2 cores). CI runs it after `make test`.
+# (~25 minutes on 2 cores, 2026-11-29). CI runs it after `make test`.
 test-slow: install-llama install-browser install-net
 	$(PY) -m pytest -q -m slow
 
