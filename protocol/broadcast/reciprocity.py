@@ -74,14 +74,9 @@ class Standing:
         redistributes, and the seed's idle credit (``free_rider``) unless it
         ``works`` for the job."""
         if not works:
-            if len(self._sent_idle) >= MAX_REMEMBERED and peer not in self._sent_idle:
-                self._sent_idle.clear()
-            self._sent_idle[peer] = self._sent_idle.get(peer, 0) + 1
-        if self._redistributes(peer, now):
-            return
-        if len(self._sent) >= MAX_REMEMBERED and peer not in self._sent:
-            self._sent.clear()
-        self._sent[peer] = self._sent.get(peer, 0) + 1
+            _count(self._sent_idle, peer)
+        if not self._redistributes(peer, now):
+            _count(self._sent, peer)
 
     def free_rider(
         self, peer: str, now: float, *, neighbour: bool, banned: bool, idle_credit: int | None = None
@@ -111,3 +106,10 @@ class Standing:
         if len(self._gave_at) >= MAX_REMEMBERED and peer not in self._gave_at:
             self._gave_at.clear()
         self._gave_at[peer] = now
+
+
+def _count(table: dict[str, int], peer: str) -> None:
+    """One more for ``peer`` in a table of at most ``MAX_REMEMBERED`` peers."""
+    if len(table) >= MAX_REMEMBERED and peer not in table:
+        table.clear()
+    table[peer] = table.get(peer, 0) + 1
