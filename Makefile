@@ -79,10 +79,10 @@ test-fast: lint install-llama
 
 # Everything but the long end-to-end runs: unit tests, real swarms on
 # loopback, the browser, on both cores (pytest-xdist; the network-namespace
-# tests on one worker at a time: xdist_group): 12-14 minutes on 2 cores
+# tests one module at a time: a lock in tests/net/conftest.py): 12-14 minutes on 2 cores
 # (2026-11-29), 20-22 one test at a time.
 test: install-llama install-browser install-net
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow"
+	$(PY) -m pytest -q -n 2 -m "not slow"
 
 # The long end-to-end runs (marked slow): every model family's swarm, a real
 # SmolLM2, the NAT namespaces, attackers, crashes, the wheel in a fresh venv

@@ -19,7 +19,6 @@ from swarmproc import Peer, wait_until
 why_not = missing_tools()
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.xdist_group("netns"),
     pytest.mark.skipif(bool(why_not), reason=f"NAT tests: {why_not}"),
 ]
 

@@ -18,9 +18,7 @@ from localswarm import local_swarm
 from netns import Topology, missing_tools
 
 why_not = missing_tools()
-# One worker at a time (make test runs on both cores): namespaces of one
-# prefix are removed by the next Topology of it.
-pytestmark = [pytest.mark.xdist_group("netns"), pytest.mark.skipif(bool(why_not), reason=f"LAN tests: {why_not}")]
+pytestmark = [pytest.mark.skipif(bool(why_not), reason=f"LAN tests: {why_not}")]
 
 
 def test_nodes_on_one_lan_join_with_no_flags(tmp_path):

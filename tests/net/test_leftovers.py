@@ -13,10 +13,7 @@ import pytest
 from netns import Topology, missing_tools
 
 why_not = missing_tools()
-# One worker at a time (make test runs on both cores): namespaces of one
-# prefix are removed by the next Topology of it.
 pytestmark = [
-    pytest.mark.xdist_group("netns"),
     pytest.mark.skipif(bool(why_not), reason=f"network namespace tests: {why_not}"),
 ]
 

@@ -27,7 +27,6 @@ from netns import Topology, missing_tools
 why_not = missing_tools("miniupnpd", "iptables-legacy")
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.xdist_group("netns"),
     pytest.mark.skipif(bool(why_not), reason=f"NAT tests: {why_not}"),
 ]
 
