@@ -72,10 +72,10 @@ format: install
 	$(PY) -m ruff format .
 
 # Lint and the unit tests (tests/protocol, tests/learner, tests/node) that start
-# no swarm of processes and are no long measurement (marked heavy), on both
-# cores (pytest-xdist): about 2 minutes on 2 cores.
+# no swarm of processes, are no long measurement (marked heavy) and no long run
+# (marked slow), on both cores (pytest-xdist): about 2 minutes on 2 cores.
 test-fast: lint install-llama
-	$(PY) -m pytest -q -n 2 -m "not procs and not heavy" tests/protocol tests/learner tests/node tests/test_layout.py
+	$(PY) -m pytest -q -n 2 -m "not procs and not heavy and not slow" tests/protocol tests/learner tests/node tests/test_layout.py
 
 # Everything but the long end-to-end runs: unit tests, real swarms on
 # loopback, the browser, on both cores (pytest-xdist; the network-namespace

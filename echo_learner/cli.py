@@ -209,35 +209,59 @@ def main(argv: list[str] | None = None) -> None:
         export.command(args, PROG)
 
 
+class StartError(RuntimeError):
+    """The data dir and the flags disagree (e.g. a checkpoint but no --resume)."""
+
+
+def check_data_dir(config: LearnerConfig) -> None:
+    """Refuse to resume nothing or to train over a run that was not asked to be
+    continued; call before anything is written to the data dir."""
+    has_checkpoint = config.checkpoint_path.exists()
+    if config.resume and not has_checkpoint:
+        raise StartError(f"no checkpoint at {config.checkpoint_path}: nothing to resume")
+    if not config.resume and not config.fresh and has_checkpoint:
+        raise StartError(
+            f"{config.data_dir} holds a checkpoint; pass --resume to continue that run "
+            "or --fresh to start a new one (the ledger is kept either way)"
+        )
+
+
 def run(config: LearnerConfig, *, verbose: bool) -> None:
     from protocol.process import logs, malloc
 
     logs.setup(verbose)
     malloc.limit_arenas()  # before torch and trio start threads
 
-    from echo_learner.service import Learner, StartError, check_data_dir
     from echo_learner.tasks.base import TaskError
     from echo_learner.tasks.registry import load_task
-    from echo_learner.training.checkpoint import CheckpointError
-    from echo_learner.training.device import DeviceUnavailable
-    from echo_learner.training.model import ModelError, locate
-    from echo_learner.training.train_group import TrainGroupError
-    from protocol.identity import Identity, load_or_exit, save
     from protocol.net.host import BadMultiaddr, check_addrs, check_tcp_listen
-    from protocol.net.swarm import BootstrapUnreachable
-    from protocol.process.runtime import run_until_signal
 
+    # What the flags and the data dir say, before torch and the learner are
+    # imported (seconds): a mistyped flag is refused at once.
     try:
         check_addrs(config.listen, config.bootstrap)
         check_tcp_listen(
             config.status_host, config.status_port, f"{config.status_host}:{config.status_port} (status page)"
         )
         check_data_dir(config)
-        if config.model:
-            locate(config.model)
         task = load_task(config.task)
-    except (BadMultiaddr, StartError, ModelError, TaskError) as exc:
+    except (BadMultiaddr, StartError, TaskError) as exc:
         fail(PROG, str(exc))
+
+    from echo_learner.service import Learner
+    from echo_learner.training.checkpoint import CheckpointError
+    from echo_learner.training.device import DeviceUnavailable
+    from echo_learner.training.model import ModelError, locate
+    from echo_learner.training.train_group import TrainGroupError
+    from protocol.identity import Identity, load_or_exit, save
+    from protocol.net.swarm import BootstrapUnreachable
+    from protocol.process.runtime import run_until_signal
+
+    if config.model:
+        try:
+            locate(config.model)
+        except ModelError as exc:
+            fail(PROG, str(exc))
     # A new identity is kept only once the learner could start: a task that
     # does not fit the model leaves the data dir as it was.
     new_identity = not config.identity_path.exists()

@@ -88,23 +88,6 @@ HISTORY_STEPS = 5000  # step records kept in memory for the status API
 TOLD_GRACE_S = 2.0  # how long a banned peer has to read its "banned" answer before it is disconnected
 
 
-class StartError(RuntimeError):
-    """The data dir and the flags disagree (e.g. a checkpoint but no --resume)."""
-
-
-def check_data_dir(config: LearnerConfig) -> None:
-    """Refuse to resume nothing or to train over a run that was not asked to be
-    continued; call before anything is written to the data dir."""
-    has_checkpoint = config.checkpoint_path.exists()
-    if config.resume and not has_checkpoint:
-        raise StartError(f"no checkpoint at {config.checkpoint_path}: nothing to resume")
-    if not config.resume and not config.fresh and has_checkpoint:
-        raise StartError(
-            f"{config.data_dir} holds a checkpoint; pass --resume to continue that run "
-            "or --fresh to start a new one (the ledger is kept either way)"
-        )
-
-
 class Learner:
     def __init__(self, config: LearnerConfig, identity: Identity, task: Task | None = None):
         self.identity = identity
@@ -436,7 +419,7 @@ class Learner:
         return TrainGroup(self.model, procs=cfg.train_procs, settings=settings)
 
     def _start(self) -> int:
-        """Restore the checkpoint if resuming (``check_data_dir`` vetted the
+        """Restore the checkpoint if resuming (the CLI's ``check_data_dir`` vetted the
         flags); the number of the first version to publish.
 
         Version numbers only ever grow within a data dir, across restarts:

@@ -5,7 +5,6 @@ llama.cpp. Skipped (with the reason) only where the ``llama`` extra is absent.
 """
 
 import copy
-import functools
 import hashlib
 import json
 import math
@@ -21,6 +20,7 @@ from echo_learner.training.trainer import Objective, Trainer
 from echo_learner.verify.tolerance import tolerance
 from echo_node.backend_choice import llama_installed
 from tests.families import randomize_adapter
+from tests.shared import shared_between_workers
 
 pytestmark = pytest.mark.skipif(
     not llama_installed(), reason="llama.cpp not installed: pip install -e '.[llama]' (make test does)"
@@ -42,31 +42,38 @@ def sharpened(seed):
     return model.eval()
 
 
-@functools.cache
-def trained():
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
     """The built-in model taught the reverse task to near-determinism (supervised,
-    a few seconds): as sharp as a policy after thousands of GRPO steps."""
-    model = build_model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    rng = random.Random(0)
-    for _ in range(300):
-        rows = []
-        for _ in range(64):
-            s = [rng.randrange(97, 101) for _ in range(3)]
-            rows.append([257, *s, 61, *s[::-1], EOS])
-        ids = torch.tensor(rows)
-        loss = model(input_ids=ids, labels=ids).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model.eval()
+    11 s on 2 cores): as sharp as a policy after thousands of GRPO steps.
+    Trained once per test run: both xdist workers need it, so the first
+    leaves its weights for the other."""
+    with shared_between_workers(tmp_path_factory, "trained-reverse.pt") as (path, exists):
+        model = build_model()
+        if exists:
+            model.load_state_dict(torch.load(path, weights_only=True))
+            return model.eval()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        rng = random.Random(0)
+        for _ in range(300):
+            rows = []
+            for _ in range(64):
+                s = [rng.randrange(97, 101) for _ in range(3)]
+                rows.append([257, *s, 61, *s[::-1], EOS])
+            ids = torch.tensor(rows)
+            loss = model(input_ids=ids, labels=ids).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        torch.save(model.state_dict(), path)
+        return model.eval()
 
 
-def policies():
-    """Initial, trained, and with every weight doubled and tripled (huge
+def policies(trained):
+    """Initial, ``trained``, and with every weight doubled and tripled (huge
     activations: the hardest case for rounding we found)."""
     yield "initial", build_model().eval()
-    yield "trained", trained()
+    yield "trained", trained
     yield "x2", sharpened(1)
     yield "x3", sharpened(2)
 
@@ -99,9 +106,9 @@ def worst_difference(model, backend, rng, batches=4):
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0"])
-def test_llama_logprobs_match_the_learners_recompute(dtype, tmp_path):
+def test_llama_logprobs_match_the_learners_recompute(dtype, tmp_path, trained):
     rng = random.Random(0)
-    for name, model in policies():
+    for name, model in policies(trained):
         worst, mean, tokens = worst_difference(model, llama(dtype, tmp_path / name, model), rng)
         print(
             f"llama.cpp {dtype} {name}: {tokens} tokens, |llama - learner| log-prob worst {worst:.2e} mean {mean:.2e}"
@@ -186,14 +193,14 @@ def test_export_refuses_what_llama_cpp_cannot_run(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["f32", "q8_0"])
-def test_lora_versions_run_as_adapters_on_one_base(dtype, tmp_path):
+def test_lora_versions_run_as_adapters_on_one_base(dtype, tmp_path, trained):
     """Each LoRA version is a llama.cpp adapter on the base loaded once; the
     log-probs match the learner's PEFT model within the parity bound (f32) or
     the verification tolerance (q8_0, whose base alone is quantised)."""
     from echo_learner.training.lora import LoraSettings, adapter_bytes, state_bytes, wrap
     from echo_node.backend_llama import LlamaBackend
 
-    base = trained()
+    base = trained
     frozen = state_bytes(base)
     settings = LoraSettings(
         rank=4,
@@ -225,14 +232,14 @@ def test_lora_versions_run_as_adapters_on_one_base(dtype, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_a_lora_version_on_the_base_version_in_use_does_not_load_the_base_again(tmp_path):
+def test_a_lora_version_on_the_base_version_in_use_does_not_load_the_base_again(tmp_path, trained):
     """The base version is a full version a node loads first; the adapters
     made against it then go onto that very model (a second copy of a 0.6B
     q8_0 base and its context was what pushed such a node out of memory)."""
     from echo_learner.training.lora import LoraSettings, adapter_bytes, state_bytes, wrap
     from echo_node.backend_llama import LlamaBackend
 
-    base = trained()
+    base = trained
     frozen = state_bytes(base)
     digest = hashlib.sha256(frozen).digest()
     backend = LlamaBackend("f32", threads=1, work_dir=tmp_path)
