@@ -257,6 +257,7 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
             # Where the machine's CPU went during the window (cores busy, per process).
             cpu = {n: round((cpu_s(pid) - cpu_before[n]) / args.window_s, 2) for n, pid in pids.items()}
             accepted = accepted_since(ledger, honest, start_ms, end_ms)
+            tokens = sum(t for peer, (_, t) in accepted_in(ledger, start_ms, end_ms).items() if peer in honest)
             alive = all(swarm.procs[n].poll() is None for n in swarm.procs)
             stopped = sum(swarm.procs[f"node{i}"].poll() is not None for i in range(HONEST))
         finally:
@@ -272,6 +273,10 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
         **({"attacker_cores_cap": CORES[name]} if name in CORES else {}),
         "accepted_batches": accepted,
         "rate_per_s": round(accepted / args.window_s, 3),
+        # The tokens in those batches: as the policy learns, its answers
+        # shorten (150 to 20-50 tokens a batch within three minutes of one
+        # run), and a batch's cost with them.
+        "tokens_per_batch": round(tokens / accepted, 1) if accepted else None,
         "honest_alive": alive,
         "nodes_stopped": stopped,  # honest node processes that exited (e.g. on a decoy job)
         "clean_exit": all(c == 0 for c in codes.values()),
