@@ -14,8 +14,9 @@ every two scenarios: this machine's speed drifts over minutes, so
 beside it. An attack's first try is its verdict: with ``--rerun-misses`` a
 missed one runs once more between two fresh baselines, and that try is
 reported beside it (``rerun``) but decides nothing. A control scenario
-(eight peers that join and ask for nothing) shows what the attacker's
-presence alone costs on this machine; with the baselines' coefficient of
+(eight peers that join and ask for nothing; the window opens once all have
+joined) shows what the attacker's presence alone costs on this machine;
+with the baselines' coefficient of
 variation (``baseline_cv``) it says whether the run could tell an attack
 from noise (``steady``: every control joined and read 0.9-1.1, every cv <= 0.10).
 
@@ -58,7 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from confine import attacker_limits, cpu_cap  # noqa: E402
+from confine import attacker_limits, confine, cpu_cap  # noqa: E402
 from harness import accepted_in, ledger_verdicts, node_receipts  # noqa: E402
 from localswarm import LocalSwarm, local_swarm  # noqa: E402
 from observe import StatusSampler, cpu_s, machine_shares, machine_times  # noqa: E402
@@ -71,6 +72,7 @@ ATTACKER = Path(__file__).resolve().parent / "attacker.py"
 
 # Attack name -> (attacker arguments, what it targets). ``{learner}`` is the
 # learner's libp2p host:port, ``{api}`` its HTTP API's host:port.
+MEMBERS = 8  # the control's peers
 ATTACKS: dict[str, list[str]] = {
     "work_flood": ["--in-flight", "16"],
     "sybil_requests": ["--identities", "8"],
@@ -82,7 +84,7 @@ ATTACKS: dict[str, list[str]] = {
     "idle_sockets": ["--sockets", "300", "--target", "{learner}"],
     "api_pollers": ["--clients", "8", "--target", "{api}"],
     "api_slowloris": ["--sockets", "64", "--target", "{api}"],
-    "idle_members": ["--identities", "8"],
+    "idle_members": ["--identities", str(MEMBERS)],
     "decoy_jobs": ["--identities", "3"],
     "wrong_job_spam": ["--identities", "1", "--in-flight", "4"],
     "receipt_flood": ["--in-flight", "8", "--receipts", "200"],
@@ -103,10 +105,15 @@ UNCAPPED = {"stalling_chunk_peers", "trickling_chunk_peers", "busy_flapping"}
 # sybil_requests: eight identities, each joining as a node does (DHT lookups,
 # the job's record and manifest read and checked before it takes the job); at
 # 0.1 core between them none had asked for work by the end of the window.
-# The control joins the same way, and at 0.1 core none of its eight had
-# joined by the end of any window of six runs (its counters stayed empty):
-# it measured eight half-made handshakes, not eight members.
-CORES = {"empty_have_leech": 0.4, "sybil_requests": 0.3, CONTROL: 0.3}
+CORES = {"empty_have_leech": 0.4, "sybil_requests": 0.3}
+# The control's members join before the honest nodes, under SCHED_IDLE
+# alone, and are capped at --attacker-cores once all have; its window then
+# opens at the same age of the swarm as a baseline's. Capped from the start,
+# they joined inside the window or never: at 0.1 core none of eight had
+# joined by its end in six runs (their counters empty); at 0.3 their
+# handshakes ran out their deadline and were redone for the first ~20 s of
+# it (2026-11-29, 11:15 UTC): the control measured a join storm, not idle
+# members.
 # 140 hosts, each with its Noise handshake, all in one process: uncapped; SCHED_IDLE still
 # gives the honest processes the CPU first.
 UNCAPPED |= {"relay_exhaustion"}
@@ -119,7 +126,7 @@ BOOTSTRAP_ENV = {
     "relay_exhaustion": {"ECHO_BOOTSTRAP_RELAY_PER_RANGE": "1000", "ECHO_BOOTSTRAP_RELAY_KNOWN_AFTER_S": "5"},
 }
 # Attacks that start before the honest nodes join (they must get in through it).
-BEFORE_JOIN = {"idle_sockets", "decoy_jobs"}
+BEFORE_JOIN = {"idle_sockets", "decoy_jobs", CONTROL}
 TARGET = {"api_pollers": 0.9}
 # What shows in an attacker's own counters (bench/attacker.py) that it did
 # what its attack is: a counter with one of these names or prefixes above 0.
@@ -159,6 +166,17 @@ def accepted_since(ledger: Path, peers: set[str], since_ms: int, until_ms: int) 
 def cap_group(name: str, args: argparse.Namespace) -> Path | None:
     """The cgroup capping attack ``name``'s CPU (``CORES``, else ``--attacker-cores``)."""
     return cpu_cap(CORES[name]) if name in CORES else args.cap_group
+
+
+def took_hold(name: str, counters: dict) -> bool:
+    """Is an attack started before the honest nodes in place (every member of the control joined)?"""
+    return counters.get("joined", 0) >= MEMBERS if name == CONTROL else bool(counters)
+
+
+def last_report(attack_log: Path) -> dict:
+    """The attacker's newest counters (it prints them every few seconds)."""
+    lines = [x for x in attack_log.read_text().splitlines() if x.startswith("{")] if attack_log.exists() else []
+    return json.loads(lines[-1]) if lines else {}
 
 
 def wait_for(what: str, done, timeout_s: float, swarm: LocalSwarm) -> None:
@@ -221,7 +239,7 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
                 stdout=open(attack_log, "w"),
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=attacker_limits(None if name in UNCAPPED else cap_group(name, args)),
+                preexec_fn=attacker_limits(None if name in UNCAPPED | {CONTROL} else cap_group(name, args)),
             )
 
         try:
@@ -229,12 +247,9 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
                 attacker = start_attack()
                 # In place before anyone joins (e.g. decoy jobs already
                 # listed): its first report says it took hold.
-                wait_for(
-                    "the attack to take hold",
-                    lambda: any(x.startswith("{") and x != "{}" for x in attack_log.read_text().splitlines()),
-                    60,
-                    swarm,
-                )
+                wait_for("the attack to take hold", lambda: took_hold(name, last_report(attack_log)), 120, swarm)
+                if name == CONTROL:
+                    confine(attacker.pid, cap_group(name, args))
             for i in range(HONEST):
                 swarm.start_node(i, "--name", f"honest{i}")
             wait_for(
@@ -265,9 +280,7 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
                 attacker.kill()
                 attacker.wait()
         codes = swarm.stop_all()
-    reports = (
-        [json.loads(x) for x in attack_log.read_text().splitlines() if x.startswith("{")] if attack_log.exists() else []
-    )
+    report = last_report(attack_log)
     return {
         "attacker_capped": attacker is not None and cap_group(name, args) is not None and name not in UNCAPPED,
         **({"attacker_cores_cap": CORES[name]} if name in CORES else {}),
@@ -296,15 +309,11 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
             if accepted
             else None
         ),
-        **({"attacker": reports[-1]} if reports else {}),
+        **({"attacker": report} if attack_log.exists() else {}),
         # relay_exhaustion: a peer connected long enough to be known got a
         # reservation at every try during the attack (see bench/attacker.py).
         **(
-            {
-                "honest_reserved": bool(
-                    reports and reports[-1].get("honest_reserved") and not reports[-1].get("honest_refused")
-                )
-            }
+            {"honest_reserved": bool(report.get("honest_reserved") and not report.get("honest_refused"))}
             if name == "relay_exhaustion"
             else {}
         ),

@@ -54,6 +54,12 @@ def cpu_cap(cores: float) -> Path | None:
     return group
 
 
+def confine(pid: int, group: Path | None) -> None:
+    """Move the running process ``pid`` (all its threads) into ``group``."""
+    if group is not None:
+        (group / "cgroup.procs").write_text(str(pid))
+
+
 def attacker_limits(group: Path | None):
     """preexec_fn for the attacker: into ``group`` (if any), then SCHED_IDLE."""
 
