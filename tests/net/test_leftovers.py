@@ -24,7 +24,9 @@ KILLED_RUN = textwrap.dedent(
     from netns import Topology
     Topology("es-left").__enter__()
     subprocess.run(["ip", "netns", "add", "es-left-home"], check=True)
-    daemon = subprocess.Popen(["ip", "netns", "exec", "es-left-home", "sleep", "600"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Its first line says it runs inside the namespace (the pid is ip's until it execs).
+    daemon = subprocess.Popen(["ip", "netns", "exec", "es-left-home", "sh", "-c", "echo in; exec sleep 600"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    daemon.stdout.readline()
     print(daemon.pid, flush=True)
     os._exit(0)  # killed: nothing cleaned up
     """
