@@ -64,8 +64,7 @@ def attacker_limits(group: Path | None):
     """preexec_fn for the attacker: into ``group`` (if any), then SCHED_IDLE."""
 
     def apply() -> None:
-        if group is not None:
-            (group / "cgroup.procs").write_text("0")
+        confine(0, group)  # pid 0: this process
         idle_priority()
 
     return apply

@@ -2,8 +2,8 @@
 
 ``make test`` runs on both cores, and two Topologies of one prefix cannot
 coexist: each removes what it finds of its prefix when it starts. The lock is
-a file beside the workers' temporary directories, held for a whole module
-because some modules share one Topology across their tests (module fixtures).
+held for a whole module because some modules share one Topology across their
+tests (module fixtures).
 
 xdist's ``--dist loadgroup`` did this until pytest 9.2, whose structured node
 IDs silently dropped its groups (pytest-dev/pytest-xdist#1386): CI ran both
@@ -12,16 +12,12 @@ LAN tests at once, and each tore down the other's namespaces.
 
 from __future__ import annotations
 
-import fcntl
-
 import pytest
+
+from tests.shared import one_at_a_time
 
 
 @pytest.fixture(scope="module", autouse=True)
 def one_topology_at_a_time(tmp_path_factory):
-    # The base temp's parent is shared by every worker of one run (and is
-    # pytest's own per-user directory without xdist).
-    lock_path = tmp_path_factory.getbasetemp().parent / "echo-swarm-netns.lock"
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with one_at_a_time(tmp_path_factory, "netns"):
         yield
