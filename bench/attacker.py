@@ -294,6 +294,9 @@ async def _fake_holder(node: Node, answer) -> None:  # type: ignore[no-untyped-d
         engine.downloads.loop = download_nothing  # type: ignore[method-assign]
         engine.server.answer = lambda stream, req: answer(engine, stream, req)  # type: ignore[method-assign]
         await nursery.start(engine.run)
+        while not engine.store.manifests:  # reported: a fake that follows no version is asked for nothing
+            await trio.sleep(0.5)
+        count("following")
         await trio.sleep_forever()
 
 
@@ -603,27 +606,15 @@ async def relay_exhaustion(args: argparse.Namespace) -> None:
     """``--identities`` fresh identities, ``--wave`` a second, each reserving a
     slot on the bootstrap's relay and staying connected to hold it; each also
     sends RESERVEs naming ``--naming`` made-up peer ids (a slot apiece on
-    py-libp2p's relay as it was).
-
-    The honest side runs here too, since the bench's honest nodes are public
-    and hold no reservation: a peer that has been connected to the bootstrap
-    for ``--known-after-s`` (as a node is once it has joined, before AutoNAT
-    finds it private) asks for a reservation once the whole crowd has tried,
-    then again every ``--report-every-s`` over a fresh connection (a node whose
-    link dropped). ``honest_reserved`` / ``honest_refused`` count its answers;
-    a fresh identity asks as well (``newcomer_*``: refused while strangers
-    hold their whole part, as designed)."""
+    py-libp2p's relay as it was). ``tried`` counts the members done asking.
+    Whether an honest peer still gets a slot is bench/relay_probe.py's to
+    tell, from a process of its own."""
     relay = parse_peer_addr(args.bootstrap)
-    crowd_done = trio.Event()
-    tried: list[int] = []  # members done trying
-
-    async def hop_stream(host):  # type: ignore[no-untyped-def]
-        return await host.new_stream(relay.peer_id, [HOP_PROTOCOL])
 
     async def ask(host, peer_field: bytes | None = None) -> StatusCode | None:  # type: ignore[no-untyped-def]
         try:
             with trio.fail_after(30):
-                return await reserve_once(await hop_stream(host), peer_field)
+                return await reserve_once(await host.new_stream(relay.peer_id, [HOP_PROTOCOL]), peer_field)
         except Exception:  # the relay reset or dropped the stream: counted, not fatal
             count("relay_errors")
             return None
@@ -643,36 +634,10 @@ async def relay_exhaustion(args: argparse.Namespace) -> None:
                 count("connect_failed")
                 return
             finally:
-                tried.append(1)
-                if len(tried) == args.identities:
-                    crowd_done.set()
+                count("tried")
             await trio.sleep_forever()  # holding the connection holds the slot
 
-    async def probe(identity: Identity, what: str) -> None:
-        host = make_host(identity, [])
-        async with host.run([]):
-            with trio.fail_after(30):
-                await host.connect(relay)
-            status = await ask(host)
-            count(f"{what}_reserved" if status == StatusCode.OK else f"{what}_refused")
-            await host.disconnect(relay.peer_id)
-
-    async def honest() -> None:
-        me = Identity.generate()
-        host = make_host(me, [])
-        async with host.run([]):
-            with trio.fail_after(30):
-                await host.connect(relay)
-            await trio.sleep(args.known_after_s)  # the time connected is what makes it known
-            await crowd_done.wait()
-            await host.disconnect(relay.peer_id)
-        while True:
-            await probe(me, "honest")
-            await probe(Identity.generate(), "newcomer")
-            await trio.sleep(args.report_every_s)
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(honest)
         nursery.start_soon(report_forever, args)
         for _ in range(args.identities):
             nursery.start_soon(member)
@@ -725,7 +690,6 @@ def main() -> None:
     parser.add_argument("--receipts", type=int, default=200, help="receipts to earn before a receipt flood")
     parser.add_argument("--wave", type=float, default=10.0, help="relay: new identities a second")
     parser.add_argument("--naming", type=int, default=1, help="relay: RESERVEs naming made-up peers, per identity")
-    parser.add_argument("--known-after-s", type=float, default=5.0, help="relay: the bootstrap's --relay-known-after-s")
     parser.add_argument("--report-every-s", type=float, default=5.0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)

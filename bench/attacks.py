@@ -5,13 +5,15 @@ learner, 3 honest nodes), waits until every honest node has had a batch
 accepted, starts one attack (bench/attacker.py, its own process under
 SCHED_IDLE and capped at ``--attacker-cores`` by a cgroup: a real attacker
 burns its own machine's CPU, not ours; see ``confine.cpu_cap``), and counts
-the honest nodes' accepted batches in the learner's ledger over
-``--window-s`` seconds. Every scenario runs once per learner mode
+the tokens in the honest nodes' accepted batches in the learner's ledger
+over ``--window-s`` seconds (see ``judged``: tokens, not batches). With
+``--pin`` (the default) the learner has the first core to itself and
+everything else shares the rest (see ``cores_of``). Every scenario runs once per learner mode
 (``--modes``: sync, then async; the learner's and nodes' default limits).
 The baseline is the same swarm with no attacker, run first and again after
 every two scenarios: this machine's speed drifts over minutes, so
-``honest_retained`` is an attack's rate over the mean of the two baselines
-beside it. An attack's first try is its verdict: with ``--rerun-misses`` a
+``honest_retained`` is an attack's honest tokens per second over the mean
+of the two baselines beside it. An attack's first try is its verdict: with ``--rerun-misses`` a
 missed one runs once more between two fresh baselines, and that try is
 reported beside it (``rerun``) but decides nothing. A control scenario
 (eight peers that join and ask for nothing; the window opens once all have
@@ -62,12 +64,15 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from confine import attacker_limits, confine, cpu_cap  # noqa: E402
 from harness import accepted_in, ledger_verdicts, node_receipts  # noqa: E402
 from localswarm import LocalSwarm, local_swarm  # noqa: E402
-from observe import StatusSampler, cpu_s, machine_shares, machine_times  # noqa: E402
+from observe import StatusSampler, control_ms, cpu_s, machine_shares, machine_times  # noqa: E402
+from relay_probe import ProbeProcess  # noqa: E402
 from swarmproc import free_port  # noqa: E402
 
 from protocol.identity import load_or_create  # noqa: E402
 
 HONEST = 3
+CROWD = 140  # relay_exhaustion's identities
+RELAY_KNOWN_AFTER_S = 5.0  # see BOOTSTRAP_ENV
 ATTACKER = Path(__file__).resolve().parent / "attacker.py"
 
 # Attack name -> (attacker arguments, what it targets). ``{learner}`` is the
@@ -88,15 +93,28 @@ ATTACKS: dict[str, list[str]] = {
     "decoy_jobs": ["--identities", "3"],
     "wrong_job_spam": ["--identities", "1", "--in-flight", "4"],
     "receipt_flood": ["--in-flight", "8", "--receipts", "200"],
-    "relay_exhaustion": ["--identities", "140", "--wave", "10", "--naming", "1", "--known-after-s", "5"],
+    "relay_exhaustion": ["--identities", str(CROWD), "--wave", "10", "--naming", "1"],
     # Two leechers with empty Haves pulling every chunk from everyone, and one
     # more against the learner under a fresh identity every 5 s.
     "empty_have_leech": ["--identities", "2", "--rotate-s", "5"],
 }
 CONTROL = "idle_members"  # not an attack: peers that join and ask for nothing (see cpu_cap)
-# Attackers that must follow each version as it is published to announce it:
-# capped at 0.1 core they never did (no chunk request reached them), so they
-# run under SCHED_IDLE alone. Every attack's counters show it took hold.
+# Attacks that start under SCHED_IDLE alone and are capped at their cap once
+# their counter reaches the count (``held``): the control's members, whose
+# joining is the costly part. Capped from the start they joined late or
+# never: at 0.1 core none of eight had joined by the window's end in six
+# runs; at 0.3 their handshakes ran out their deadline and were redone for
+# the first ~20 s of it (2026-11-29, 11:15 UTC), a join storm, not idle
+# members. They join before the honest nodes, so that the control's window
+# opens at a baseline's swarm age.
+HELD = {CONTROL: ("joined", MEMBERS)}
+# Attackers that must follow each version as it is published, to announce
+# it: capped at 0.1 core, even once all four followed (they count
+# ``following``), no chunk request reached them in 7 scenarios of 7
+# (2026-11-29), so they run under SCHED_IDLE alone. They take 0.18-0.25 of a
+# core, on the core beside the learner's (``--pin``), and with that core
+# busier the learner's model work took longer per batch: see
+# ``learner_control_ratio`` for what they make the learner itself do.
 UNCAPPED = {"stalling_chunk_peers", "trickling_chunk_peers", "busy_flapping"}
 # Attacks that need more than --attacker-cores to take hold, and their cap:
 # leechers decrypt every chunk they pull (at 0.1 core they pulled nothing;
@@ -106,14 +124,6 @@ UNCAPPED = {"stalling_chunk_peers", "trickling_chunk_peers", "busy_flapping"}
 # the job's record and manifest read and checked before it takes the job); at
 # 0.1 core between them none had asked for work by the end of the window.
 CORES = {"empty_have_leech": 0.4, "sybil_requests": 0.3}
-# The control's members join before the honest nodes, under SCHED_IDLE
-# alone, and are capped at --attacker-cores once all have; its window then
-# opens at the same age of the swarm as a baseline's. Capped from the start,
-# they joined inside the window or never: at 0.1 core none of eight had
-# joined by its end in six runs (their counters empty); at 0.3 their
-# handshakes ran out their deadline and were redone for the first ~20 s of
-# it (2026-11-29, 11:15 UTC): the control measured a join storm, not idle
-# members.
 # 140 hosts, each with its Noise handshake, all in one process: uncapped; SCHED_IDLE still
 # gives the honest processes the CPU first.
 UNCAPPED |= {"relay_exhaustion"}
@@ -123,7 +133,10 @@ UNCAPPED |= {"relay_exhaustion"}
 # over many networks, and the part kept for known peers must hold. Known after
 # 5 s, not 600: the same rule on a clock that fits a scenario.
 BOOTSTRAP_ENV = {
-    "relay_exhaustion": {"ECHO_BOOTSTRAP_RELAY_PER_RANGE": "1000", "ECHO_BOOTSTRAP_RELAY_KNOWN_AFTER_S": "5"},
+    "relay_exhaustion": {
+        "ECHO_BOOTSTRAP_RELAY_PER_RANGE": "1000",
+        "ECHO_BOOTSTRAP_RELAY_KNOWN_AFTER_S": str(RELAY_KNOWN_AFTER_S),
+    },
 }
 # Attacks that start before the honest nodes join (they must get in through it).
 BEFORE_JOIN = {"idle_sockets", "decoy_jobs", CONTROL}
@@ -168,9 +181,32 @@ def cap_group(name: str, args: argparse.Namespace) -> Path | None:
     return cpu_cap(CORES[name]) if name in CORES else args.cap_group
 
 
+def cores_of(pin: bool) -> dict[str, set[int]]:
+    """With ``--pin``: the learner alone on the first core, every other
+    process (bootstrap, honest nodes, attacker) on the rest.
+
+    Why: in async mode the learner is what sets the pace, one core's worth of
+    work (0.97-0.98 of a core in every baseline of 2026-11-29's full run), and
+    unpinned it shared both cores with everything else: an uncapped attacker
+    at SCHED_IDLE (0.2 core) still slowed it by 10-16 %, though the machine
+    was 20 % idle. A learner has its own machine; pinned, what the bench
+    measures is what an attack makes the learner do, not where the scheduler
+    put the attacker's threads.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if not pin or len(cpus) < 2:
+        return {}
+    learner, rest = {cpus[0]}, set(cpus[1:])
+    return {"learner": learner, "bootstrap": rest, "attacker": rest} | {f"node{i}": rest for i in range(HONEST)}
+
+
 def took_hold(name: str, counters: dict) -> bool:
-    """Is an attack started before the honest nodes in place (every member of the control joined)?"""
-    return counters.get("joined", 0) >= MEMBERS if name == CONTROL else bool(counters)
+    """Is an attack in place: its ``HELD`` counter at its count, or (started
+    before the honest nodes) any counter at all?"""
+    if name in HELD:
+        key, n = HELD[name]
+        return counters.get(key, 0) >= n
+    return bool(counters)
 
 
 def last_report(attack_log: Path) -> dict:
@@ -202,8 +238,9 @@ def ledger_consistent(swarm: LocalSwarm, ledger: Path) -> bool:
 
 def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict:
     """One swarm (the learner in ``mode``: sync or async), optionally one
-    attack; the honest accepted-batch rate."""
+    attack; the honest accepted batches and their tokens."""
     with local_swarm(root) as swarm:
+        swarm.cpus = cores_of(args.pin)
         env = BOOTSTRAP_ENV.get(name, {})
         os.environ.update(env)  # read by the bootstrap alone: it is started first, and they go again
         try:
@@ -220,6 +257,7 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
         wait_for("learner up", (root / "learner" / "api.json").exists, 120, swarm)
 
         attacker = None
+        probe: ProbeProcess | None = None
         attack_log = root / "attacker.log"
 
         def start_attack() -> subprocess.Popen:
@@ -239,7 +277,9 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
                 stdout=open(attack_log, "w"),
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=attacker_limits(None if name in UNCAPPED | {CONTROL} else cap_group(name, args)),
+                preexec_fn=attacker_limits(
+                    None if name in UNCAPPED | set(HELD) else cap_group(name, args), cores_of(args.pin).get("attacker")
+                ),
             )
 
         try:
@@ -248,7 +288,7 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
                 # In place before anyone joins (e.g. decoy jobs already
                 # listed): its first report says it took hold.
                 wait_for("the attack to take hold", lambda: took_hold(name, last_report(attack_log)), 120, swarm)
-                if name == CONTROL:
+                if name in HELD:
                     confine(attacker.pid, cap_group(name, args))
             for i in range(HONEST):
                 swarm.start_node(i, "--name", f"honest{i}")
@@ -259,7 +299,15 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
                 swarm,
             )
             if attacker is None and name != "baseline":
+                if name == "relay_exhaustion":
+                    # An honest peer of its own process, known to the relay
+                    # before the crowd comes; it asks once the crowd has tried.
+                    probe = ProbeProcess(swarm.bootstrap_addr, RELAY_KNOWN_AFTER_S, root / "probe.log")
+                    wait_for("the probe to be known to the relay", probe.known, 60, swarm)
                 attacker = start_attack()
+                if probe is not None:
+                    wait_for("the crowd to try", lambda: last_report(attack_log).get("tried", 0) >= CROWD, 120, swarm)
+                    probe.crowd_tried()
             time.sleep(args.settle_s)  # let the attack take hold: it is measured, not awaited
             pids = {n: p.pid for n, p in swarm.procs.items()} | ({"attacker": attacker.pid} if attacker else {})
             cpu_before = {n: cpu_s(pid) for n, pid in pids.items()}
@@ -275,12 +323,16 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
             tokens = sum(t for peer, (_, t) in accepted_in(ledger, start_ms, end_ms).items() if peer in honest)
             alive = all(swarm.procs[n].poll() is None for n in swarm.procs)
             stopped = sum(swarm.procs[f"node{i}"].poll() is not None for i in range(HONEST))
+            honest_reserved = probe.reserved() if probe is not None else None
         finally:
             if attacker is not None:
                 attacker.kill()
                 attacker.wait()
+            if probe is not None:
+                probe.stop()
         codes = swarm.stop_all()
     report = last_report(attack_log)
+    learner = sampler.summary()
     return {
         "attacker_capped": attacker is not None and cap_group(name, args) is not None and name not in UNCAPPED,
         **({"attacker_cores_cap": CORES[name]} if name in CORES else {}),
@@ -290,13 +342,15 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
         # shorten (150 to 20-50 tokens a batch within three minutes of one
         # run), and a batch's cost with them.
         "tokens_per_batch": round(tokens / accepted, 1) if accepted else None,
+        # What an attack is judged on (see judged).
+        "tokens_per_s": round(tokens / args.window_s, 1),
         "honest_alive": alive,
         "nodes_stopped": stopped,  # honest node processes that exited (e.g. on a decoy job)
         "clean_exit": all(c == 0 for c in codes.values()),
         "ledger_consistent": ledger_consistent(swarm, ledger),
         "cpu_cores": cpu,
         "machine": machine,
-        "learner": sampler.summary(),
+        "learner": learner,
         # What each accepted honest batch cost the honest processes: it moves
         # with an attack's cost, not with how much CPU this machine gave the
         # swarm (a scenario whose whole swarm ran at half speed kept it).
@@ -304,6 +358,12 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
         # makes the learner work shows here, whatever the attacker process
         # took from this machine's cores.
         "learner_cpu_ms_per_batch": round(1000 * cpu["learner"] / (accepted / args.window_s), 1) if accepted else None,
+        "learner_cpu_us_per_token": round(1e6 * cpu["learner"] / (tokens / args.window_s), 1) if tokens else None,
+        # Of that, what the control plane took (every phase but recompute and
+        # training): what an attack's messages make the learner do. The
+        # model's work per batch is the same whatever the attack, and took
+        # longer only when this machine's other core was busier (see UNCAPPED).
+        "learner_control_ms_per_batch": control_ms(learner) if learner.get("cpu_ms_per_batch") else None,
         "honest_cpu_ms_per_batch": (
             round(1000 * sum(c for n, c in cpu.items() if n != "attacker") / (accepted / args.window_s))
             if accepted
@@ -311,27 +371,36 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
         ),
         **({"attacker": report} if attack_log.exists() else {}),
         # relay_exhaustion: a peer connected long enough to be known got a
-        # reservation at every try during the attack (see bench/attacker.py).
-        **(
-            {"honest_reserved": bool(report.get("honest_reserved") and not report.get("honest_refused"))}
-            if name == "relay_exhaustion"
-            else {}
-        ),
+        # reservation at every try during the attack (bench/relay_probe.py).
+        **({"honest_reserved": honest_reserved} if honest_reserved is not None else {}),
     }
 
 
 def judged(name: str, result: dict, before: dict, after: dict) -> dict:
-    """``result`` against the baselines run just before and just after it."""
-    reference = (before["rate_per_s"] + after["rate_per_s"]) / 2
-    result["baseline_rate_per_s"] = round(reference, 3)
-    result["honest_retained"] = round(result["rate_per_s"] / reference, 3) if reference else 0.0
-    # The learner's CPU per honest batch during the scenario over the same
-    # figure in the baselines beside it: above 1, the attack costs the learner.
-    per_batch = [b["learner_cpu_ms_per_batch"] for b in (before, after) if b.get("learner_cpu_ms_per_batch")]
-    if result.get("learner_cpu_ms_per_batch") and per_batch:
-        result["learner_cpu_per_batch_ratio"] = round(
-            result["learner_cpu_ms_per_batch"] / statistics.mean(per_batch), 3
-        )
+    """``result`` against the baselines run just before and just after it.
+
+    Judged on honest tokens accepted per second, not batches: as the policy
+    learns its answers shorten, and in sync mode the batch rate follows them
+    (2026-11-29's full run: sync baselines 4.775-6.8 batches/s, the fastest
+    the one with the shortest answers, 118.6 tokens a batch against 128-145;
+    cv 0.106 in batches/s, 0.060 in tokens/s; async 0.071 and 0.041). The
+    batch rate is reported beside it (``batches_retained``).
+    """
+    reference = (before["tokens_per_s"] + after["tokens_per_s"]) / 2
+    result["baseline_tokens_per_s"] = round(reference, 1)
+    result["honest_retained"] = round(result["tokens_per_s"] / reference, 3) if reference else 0.0
+    batches = (before["rate_per_s"] + after["rate_per_s"]) / 2
+    result["batches_retained"] = round(result["rate_per_s"] / batches, 3) if batches else 0.0
+    # The learner's CPU per honest batch (and token) during the scenario over
+    # the same in the baselines beside it: above 1, the attack costs the learner.
+    for key, ratio in (
+        ("learner_cpu_ms_per_batch", "learner_cpu_per_batch_ratio"),
+        ("learner_cpu_us_per_token", "learner_cpu_per_token_ratio"),
+        ("learner_control_ms_per_batch", "learner_control_ratio"),
+    ):
+        beside = [b[key] for b in (before, after) if b.get(key)]
+        if result.get(key) and beside:
+            result[ratio] = round(result[key] / statistics.mean(beside), 3)
     # An attack that did not take hold is not a pass, nor a control whose
     # members never joined a measure of their presence.
     result["engaged"] = engaged(name, result.get("attacker", {}))
@@ -390,13 +459,14 @@ def run_mode(mode: str, names: list[str], args: argparse.Namespace, root: Path) 
         rerun = run(name)
         attacks[name]["rerun"] = judged(name, rerun, before, run("baseline"))
     baselines = [r for n, r in timeline if n == "baseline"]
-    rates = [b["rate_per_s"] for b in baselines]
+    rates = [b["tokens_per_s"] for b in baselines]
     return {
         # Every baseline, in the order run; each attack names its own
-        # reference (``baseline_rate_per_s``: the two beside it).
+        # reference (``baseline_tokens_per_s``: the two beside it).
         "baseline": {
-            "rate_per_s": round(statistics.mean(rates), 3),
+            "tokens_per_s": round(statistics.mean(rates), 1),
             "cv": coefficient_of_variation(rates),
+            "batches_cv": coefficient_of_variation([b["rate_per_s"] for b in baselines]),
             "runs": baselines,
         },
         # Not an attack: peers that join and ask for nothing, run like one.
@@ -424,6 +494,12 @@ def main() -> None:
     parser.add_argument("--window-s", type=float, default=40.0, help="measurement window per scenario")
     parser.add_argument("--settle-s", type=float, default=8.0, help="attack running before the window opens")
     parser.add_argument("--join-timeout-s", type=float, default=180.0)
+    parser.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the learner alone on the first core, the rest on the others (see cores_of)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run's logs (printed path)")
     parser.add_argument(
         "--rerun-misses",

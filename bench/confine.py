@@ -60,11 +60,14 @@ def confine(pid: int, group: Path | None) -> None:
         (group / "cgroup.procs").write_text(str(pid))
 
 
-def attacker_limits(group: Path | None):
-    """preexec_fn for the attacker: into ``group`` (if any), then SCHED_IDLE."""
+def attacker_limits(group: Path | None, cpus: set[int] | None = None):
+    """preexec_fn for the attacker: into ``group`` (if any), onto ``cpus``
+    (if given), then SCHED_IDLE."""
 
     def apply() -> None:
         confine(0, group)  # pid 0: this process
+        if cpus:
+            os.sched_setaffinity(0, cpus)
         idle_priority()
 
     return apply

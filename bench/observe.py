@@ -36,6 +36,33 @@ def machine_shares(before: list[int], after: list[int]) -> dict:
     }
 
 
+# What a batch costs the learner besides the model's work: every phase of its
+# ``load`` split (echo_learner/verify/cpu_split.py) but these.
+NOT_CONTROL = ("recompute", "train")
+
+
+def load_split(before: dict, after: dict) -> dict:
+    """The learner's CPU ms per accepted batch by phase over the window, from
+    its cumulative ``load`` at the window's two ends."""
+    batches = after["accepted_batches"] - before["accepted_batches"]
+
+    def spent_ms(load: dict, phase: str) -> float:
+        return load["cpu_ms_per_batch"][phase] * max(load["accepted_batches"], 1)
+
+    return {
+        "accepted_batches": batches,
+        "cpu_ms_per_batch": {
+            phase: round((spent_ms(after, phase) - spent_ms(before, phase)) / max(batches, 1), 3)
+            for phase in after["cpu_ms_per_batch"]
+        },
+    }
+
+
+def control_ms(split: dict) -> float:
+    """The learner's control-plane CPU ms per batch in a ``load_split``."""
+    return round(sum(ms for phase, ms in split["cpu_ms_per_batch"].items() if phase not in NOT_CONTROL), 3)
+
+
 class StatusSampler:
     """The learner's ``/api/status`` read once a second in a thread during the
     window: how late its event loop ran (past ``--busy-lag-ms`` new work
@@ -77,4 +104,7 @@ class StatusSampler:
             "steps": self.last["step"] - self.first["step"],
             "versions": self.last["version"] - self.first["version"],
             "batches_refused": self.last["batches_refused"] - self.first["batches_refused"],
+            # Its CPU per accepted batch by phase over the window: the
+            # model's work (recompute, train) apart from the control plane's.
+            "cpu_ms_per_batch": load_split(self.first["load"], self.last["load"])["cpu_ms_per_batch"],
         }

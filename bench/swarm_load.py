@@ -89,6 +89,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from harness import accepted_in, pinned, read_ledger  # noqa: E402
 from localswarm import SwarmError, local_swarm  # noqa: E402
+from observe import control_ms, load_split  # noqa: E402
 
 IDENTITIES = Path(__file__).resolve().parent / "load_identities.py"
 DEFAULT_LEVELS = (10, 100, 300, 1000)
@@ -97,8 +98,6 @@ LEARNER_START_S = 180.0  # model, first version, DHT announce
 JOIN_S = 120.0  # an emulator's node joins and loads the first version
 FINISH_S = 180.0  # the identities deliver, fetch their receipts and report
 STOP_GRACE_S = 60.0
-# What a batch costs the learner besides the model's work: every phase but these.
-NOT_CONTROL = ("recompute", "train")
 EMULATOR_LAG_LIMIT_MS = 100.0
 
 
@@ -466,10 +465,7 @@ def run_level(identities: int, job: Job, load: Load, root: Path, cpus: tuple[set
     if "load" in after:
         result["load"] = after["load"]  # since the learner started
         result["load_window"] = load_split(before["load"], after["load"])
-        per_batch = result["load_window"]["cpu_ms_per_batch"]
-        result["control_ms_per_batch"] = round(
-            sum(ms for phase, ms in per_batch.items() if phase not in NOT_CONTROL), 3
-        )
+        result["control_ms_per_batch"] = control_ms(result["load_window"])
     if spy is not None:
         result["py_spy"] = spy.top()
     return result
@@ -533,23 +529,6 @@ def window_ledger(path: Path, t0: float, t1: float, results: list[dict]) -> dict
     }
     held = {(peer, bytes.fromhex(h)) for r in results for peer, hashes in r["accepted"].items() for h in hashes}
     return {"accepted": accepted, "tokens": tokens, "missing": len(held - rows), "checked": len(held)}
-
-
-def load_split(before: dict, after: dict) -> dict:
-    """The learner's CPU ms per accepted batch by phase over the window, from
-    its cumulative ``load`` at the window's two ends."""
-    batches = after["accepted_batches"] - before["accepted_batches"]
-
-    def spent_ms(load: dict, phase: str) -> float:
-        return load["cpu_ms_per_batch"][phase] * max(load["accepted_batches"], 1)
-
-    return {
-        "accepted_batches": batches,
-        "cpu_ms_per_batch": {
-            phase: round((spent_ms(after, phase) - spent_ms(before, phase)) / max(batches, 1), 3)
-            for phase in after["cpu_ms_per_batch"]
-        },
-    }
 
 
 def run_total(results: list[dict], key: str) -> int:
