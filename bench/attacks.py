@@ -34,7 +34,7 @@ CPU time went: busy, disk wait, taken by the host) and ``learner`` (its
 event loop's lateness, steps and refusals, read from its status API each
 second) say why a scenario ran slowly.
 
-    python bench/attacks.py --json            # ~50 minutes on 2 cores (both modes)
+    python bench/attacks.py --json            # ~65 minutes on 2 cores (both modes)
     python bench/attacks.py --only work_flood --modes async  # one attack, one mode (and the baselines)
     python bench/attacks.py --only idle_members  # the baselines and the control alone
 
@@ -61,6 +61,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from attack_catalog import (  # noqa: E402
+    ATTACKS,
+    BEFORE_JOIN,
+    BOOTSTRAP_ENV,
+    CONTROL,
+    CORES,
+    CROWD,
+    HELD,
+    RELAY_KNOWN_AFTER_S,
+    TARGET,
+    UNCAPPED,
+    engaged,
+    took_hold,
+)
 from confine import attacker_limits, confine, cpu_cap  # noqa: E402
 from harness import accepted_in, ledger_verdicts, node_receipts  # noqa: E402
 from localswarm import LocalSwarm, local_swarm  # noqa: E402
@@ -71,102 +85,7 @@ from swarmproc import free_port  # noqa: E402
 from protocol.identity import load_or_create  # noqa: E402
 
 HONEST = 3
-CROWD = 140  # relay_exhaustion's identities
-RELAY_KNOWN_AFTER_S = 5.0  # see BOOTSTRAP_ENV
 ATTACKER = Path(__file__).resolve().parent / "attacker.py"
-
-# Attack name -> (attacker arguments, what it targets). ``{learner}`` is the
-# learner's libp2p host:port, ``{api}`` its HTTP API's host:port.
-MEMBERS = 8  # the control's peers
-ATTACKS: dict[str, list[str]] = {
-    "work_flood": ["--in-flight", "16"],
-    "sybil_requests": ["--identities", "8"],
-    "unanswered_prompts": [],
-    "stalling_chunk_peers": ["--identities", "4"],
-    # Four peers that send each node one good chunk, then a byte every 2 s.
-    "trickling_chunk_peers": ["--identities", "4", "--drip-s", "2"],
-    "busy_flapping": ["--identities", "4"],
-    "idle_sockets": ["--sockets", "300", "--target", "{learner}"],
-    "api_pollers": ["--clients", "8", "--target", "{api}"],
-    "api_slowloris": ["--sockets", "64", "--target", "{api}"],
-    "idle_members": ["--identities", str(MEMBERS)],
-    "decoy_jobs": ["--identities", "3"],
-    "wrong_job_spam": ["--identities", "1", "--in-flight", "4"],
-    "receipt_flood": ["--in-flight", "8", "--receipts", "200"],
-    "relay_exhaustion": ["--identities", str(CROWD), "--wave", "10", "--naming", "1"],
-    # Two leechers with empty Haves pulling every chunk from everyone, and one
-    # more against the learner under a fresh identity every 5 s.
-    "empty_have_leech": ["--identities", "2", "--rotate-s", "5"],
-}
-CONTROL = "idle_members"  # not an attack: peers that join and ask for nothing (see cpu_cap)
-# Attacks that start under SCHED_IDLE alone and are capped at their cap once
-# their counter reaches the count (``held``): the control's members, whose
-# joining is the costly part. Capped from the start they joined late or
-# never: at 0.1 core none of eight had joined by the window's end in six
-# runs; at 0.3 their handshakes ran out their deadline and were redone for
-# the first ~20 s of it (2026-11-29, 11:15 UTC), a join storm, not idle
-# members. They join before the honest nodes, so that the control's window
-# opens at a baseline's swarm age.
-HELD = {CONTROL: ("joined", MEMBERS)}
-# Attackers that must follow each version as it is published, to announce
-# it: capped at 0.1 core, even once all four followed (they count
-# ``following``), no chunk request reached them in 7 scenarios of 7
-# (2026-11-29), so they run under SCHED_IDLE alone. They take 0.18-0.25 of a
-# core, on the core beside the learner's (``--pin``), and with that core
-# busier the learner's model work took longer per batch: see
-# ``learner_control_ratio`` for what they make the learner itself do.
-UNCAPPED = {"stalling_chunk_peers", "trickling_chunk_peers", "busy_flapping"}
-# Attacks that need more than --attacker-cores to take hold, and their cap:
-# leechers decrypt every chunk they pull (at 0.1 core they pulled nothing;
-# uncapped they took 0.74 of this machine's two cores, which no leecher on a
-# machine of its own takes from us).
-# sybil_requests: eight identities, each joining as a node does (DHT lookups,
-# the job's record and manifest read and checked before it takes the job); at
-# 0.1 core between them none had asked for work by the end of the window.
-CORES = {"empty_have_leech": 0.4, "sybil_requests": 0.3}
-# 140 hosts, each with its Noise handshake, all in one process: uncapped; SCHED_IDLE still
-# gives the honest processes the CPU first.
-UNCAPPED |= {"relay_exhaustion"}
-# Bootstrap settings per attack (environment, as an operator could set them).
-# relay_exhaustion: on loopback every peer is one source range, so the range
-# cap would stop the crowd by itself; raised, the crowd stands for one spread
-# over many networks, and the part kept for known peers must hold. Known after
-# 5 s, not 600: the same rule on a clock that fits a scenario.
-BOOTSTRAP_ENV = {
-    "relay_exhaustion": {
-        "ECHO_BOOTSTRAP_RELAY_PER_RANGE": "1000",
-        "ECHO_BOOTSTRAP_RELAY_KNOWN_AFTER_S": str(RELAY_KNOWN_AFTER_S),
-    },
-}
-# Attacks that start before the honest nodes join (they must get in through it).
-BEFORE_JOIN = {"idle_sockets", "decoy_jobs", CONTROL}
-TARGET = {"api_pollers": 0.9}
-# What shows in an attacker's own counters (bench/attacker.py) that it did
-# what its attack is: a counter with one of these names or prefixes above 0.
-# A stream the learner refused (``failed``) is no attack that took hold.
-ENGAGED = {
-    "work_flood": ("prompts", "no_work", "error:"),  # requests the learner answered
-    "sybil_requests": ("prompts", "no_work", "error:"),
-    "unanswered_prompts": ("prompts",),  # prompts held and never answered
-    "stalling_chunk_peers": ("stalled",),  # chunk requests taken and never answered
-    "trickling_chunk_peers": ("bytes_trickled",),
-    "busy_flapping": ("busy",),
-    "idle_sockets": ("opened",),
-    "api_pollers": ("200", "429", "503"),  # HTTP answers
-    "api_slowloris": ("connections",),
-    "idle_members": ("joined",),
-    "decoy_jobs": ("announced",),
-    "wrong_job_spam": ("receipt:",),  # batches the learner read and refused
-    "receipt_flood": ("pages",),
-    "relay_exhaustion": ("crowd_reserved",),
-    "empty_have_leech": ("chunks_pulled",),
-}
-
-
-def engaged(name: str, counters: dict) -> bool:
-    """Do ``name``'s attacker's ``counters`` show it did what its attack is?"""
-    return any(n > 0 and key.startswith(ENGAGED[name]) for key, n in counters.items() if isinstance(n, int))
-
 
 BASELINE_EVERY = 2  # scenarios between two baselines
 MAX_BASELINE_CV = 0.10  # issue 55: a run whose baselines spread wider cannot judge an attack at 0.8
@@ -186,27 +105,17 @@ def cores_of(pin: bool) -> dict[str, set[int]]:
     process (bootstrap, honest nodes, attacker) on the rest.
 
     Why: in async mode the learner is what sets the pace, one core's worth of
-    work (0.97-0.98 of a core in every baseline of 2026-11-29's full run), and
-    unpinned it shared both cores with everything else: an uncapped attacker
-    at SCHED_IDLE (0.2 core) still slowed it by 10-16 %, though the machine
-    was 20 % idle. A learner has its own machine; pinned, what the bench
-    measures is what an attack makes the learner do, not where the scheduler
-    put the attacker's threads.
+    work (0.97-0.99 of a core in every baseline of 2026-11-29), as it would
+    on a machine of its own; unpinned it shared both cores with everything
+    else, and its share moved with where the scheduler put the others. It
+    still runs slower when the core beside it is busier (see UNCAPPED in
+    attack_catalog.py): ``learner_control_ratio`` tells that apart.
     """
     cpus = sorted(os.sched_getaffinity(0))
     if not pin or len(cpus) < 2:
         return {}
     learner, rest = {cpus[0]}, set(cpus[1:])
     return {"learner": learner, "bootstrap": rest, "attacker": rest} | {f"node{i}": rest for i in range(HONEST)}
-
-
-def took_hold(name: str, counters: dict) -> bool:
-    """Is an attack in place: its ``HELD`` counter at its count, or (started
-    before the honest nodes) any counter at all?"""
-    if name in HELD:
-        key, n = HELD[name]
-        return counters.get(key, 0) >= n
-    return bool(counters)
 
 
 def last_report(attack_log: Path) -> dict:
