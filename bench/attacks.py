@@ -5,15 +5,17 @@ learner, 3 honest nodes), waits until every honest node has had a batch
 accepted, starts one attack (bench/attacker.py, its own process under
 SCHED_IDLE and capped at ``--attacker-cores`` by a cgroup: a real attacker
 burns its own machine's CPU, not ours; see ``confine.cpu_cap``), and counts
-the tokens in the honest nodes' accepted batches in the learner's ledger
-over ``--window-s`` seconds (see ``judged``: tokens, not batches). With
-``--pin`` (the default) the learner has the first core to itself and
-everything else shares the rest (see ``cores_of``). Every scenario runs once per learner mode
+the honest nodes' accepted batches and their tokens in the learner's ledger
+over ``--window-s`` seconds. With ``--pin`` (the default) the learner has
+the first core to itself and everything else shares the rest (see
+``cores_of``). Every scenario runs once per learner mode
 (``--modes``: sync, then async; the learner's and nodes' default limits).
 The baseline is the same swarm with no attacker, run first and again after
 every two scenarios: this machine's speed drifts over minutes, so
-``honest_retained`` is an attack's honest tokens per second over the mean
-of the two baselines beside it. An attack's first try is its verdict: with ``--rerun-misses`` a
+``honest_retained`` is an attack's honest accepted batches per second over
+the mean of the two baselines beside it, each carried to the attack's answer
+length (``length_model``: the policy's answers shorten as it learns, and a
+batch's cost with them). An attack's first try is its verdict: with ``--rerun-misses`` a
 missed one runs once more between two fresh baselines, and that try is
 reported beside it (``rerun``) but decides nothing. A control scenario
 (eight peers that join and ask for nothing; the window opens once all have
@@ -285,21 +287,48 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
     }
 
 
-def judged(name: str, result: dict, before: dict, after: dict) -> dict:
-    """``result`` against the baselines run just before and just after it.
+def length_model(baselines: list[dict]) -> tuple[float, float]:
+    """``(a, b)``: a baseline swarm's seconds per accepted batch as
+    ``a + b * tokens_per_batch``, fitted to this mode's baselines (least
+    squares, both kept >= 0).
 
-    Judged on honest tokens accepted per second, not batches: as the policy
-    learns its answers shorten, and in sync mode the batch rate follows them
-    (2026-11-29's full run: sync baselines 4.775-6.8 batches/s, the fastest
-    the one with the shortest answers, 118.6 tokens a batch against 128-145;
-    cv 0.106 in batches/s, 0.060 in tokens/s; async 0.071 and 0.041). The
-    batch rate is reported beside it (``batches_retained``).
+    Why: as the policy learns, its answers shorten, and a batch's cost with
+    them, but not in proportion: part of it is per batch (a step, a version,
+    a receipt), part per token (generating, recomputing, training). Judged in
+    batches, a scenario whose policy answered short read high; in tokens, it
+    read low (2026-11-29, 14:41 UTC, sync: relay_exhaustion answered 100.5
+    tokens a batch against the baselines' 117.8-143.9, and read 0.975 in
+    batches, 0.765 in tokens, 0.814 against this fit, s = 0.0457 + 0.00117 *
+    tokens). With b = 0 the fit is batches/s, with a = 0 tokens/s.
     """
-    reference = (before["tokens_per_s"] + after["tokens_per_s"]) / 2
-    result["baseline_tokens_per_s"] = round(reference, 1)
-    result["honest_retained"] = round(result["tokens_per_s"] / reference, 3) if reference else 0.0
-    batches = (before["rate_per_s"] + after["rate_per_s"]) / 2
-    result["batches_retained"] = round(result["rate_per_s"] / batches, 3) if batches else 0.0
+    points = [(b["tokens_per_batch"], 1 / b["rate_per_s"]) for b in baselines if b["rate_per_s"]]
+    if len(points) < 3 or len({t for t, _ in points}) < 2:
+        return 0.0, 1.0  # too few to fit: tokens/s
+    slope, intercept = statistics.linear_regression(*zip(*points))
+    if slope <= 0:
+        return 1.0, 0.0
+    if intercept <= 0:
+        return 0.0, 1.0
+    return intercept, slope
+
+
+def judged(name: str, result: dict, before: dict, after: dict, model: tuple[float, float]) -> dict:
+    """``result`` against the baselines run just before and just after it,
+    each baseline's batch rate carried to the scenario's answer length by
+    ``model`` (``length_model``)."""
+    a, b = model
+
+    def at_this_length(baseline: dict) -> float:
+        length = baseline["tokens_per_batch"] or 0.0
+        return baseline["rate_per_s"] * (a + b * length) / (a + b * result["tokens_per_batch"])
+
+    reference = (at_this_length(before) + at_this_length(after)) / 2 if result["tokens_per_batch"] else 0.0
+    result["baseline_rate_per_s"] = round(reference, 3)
+    result["honest_retained"] = round(result["rate_per_s"] / reference, 3) if reference else 0.0
+    # The same in plain batches and in tokens, reported beside it.
+    for key, kept in (("rate_per_s", "batches_retained"), ("tokens_per_s", "tokens_retained")):
+        beside = (before[key] + after[key]) / 2
+        result[kept] = round(result[key] / beside, 3) if beside else 0.0
     # The learner's CPU per honest batch (and token) during the scenario over
     # the same in the baselines beside it: above 1, the attack costs the learner.
     for key, ratio in (
@@ -350,13 +379,16 @@ def run_mode(mode: str, names: list[str], args: argparse.Namespace, root: Path) 
     # against the baselines beside it, one after every BASELINE_EVERY.
     run("baseline")
     pending = [CONTROL, *names]
+    beside: list[tuple[str, dict, dict, dict]] = []  # (name, result, baseline before, baseline after)
     while pending:
         group, pending = pending[:BASELINE_EVERY], pending[BASELINE_EVERY:]
         before = timeline[-1][1]
         results = [(name, run(name)) for name in group]
         after = run("baseline")
-        for name, result in results:
-            judged(name, result, before, after)
+        beside += [(name, result, before, after) for name, result in results]
+    model = length_model([r for n, r in timeline if n == "baseline"])
+    for name, result, before, after in beside:
+        judged(name, result, before, after, model)
     control = next(r for n, r in timeline if n == CONTROL)
     attacks = {n: r for n, r in timeline if n in names}
     # A rerun of a miss between two fresh baselines (the last scenario run is
@@ -366,14 +398,16 @@ def run_mode(mode: str, names: list[str], args: argparse.Namespace, root: Path) 
     for name in [n for n, r in attacks.items() if not r["met"] and args.rerun_misses]:
         before = timeline[-1][1]
         rerun = run(name)
-        attacks[name]["rerun"] = judged(name, rerun, before, run("baseline"))
+        attacks[name]["rerun"] = judged(name, rerun, before, run("baseline"), model)
     baselines = [r for n, r in timeline if n == "baseline"]
     rates = [b["tokens_per_s"] for b in baselines]
     return {
         # Every baseline, in the order run; each attack names its own
-        # reference (``baseline_tokens_per_s``: the two beside it).
+        # reference (``baseline_rate_per_s``: the two beside it, at its
+        # answer length).
         "baseline": {
             "tokens_per_s": round(statistics.mean(rates), 1),
+            "seconds_per_batch": {"a": round(model[0], 5), "per_token": round(model[1], 6)},
             "cv": coefficient_of_variation(rates),
             "batches_cv": coefficient_of_variation([b["rate_per_s"] for b in baselines]),
             "runs": baselines,
