@@ -35,18 +35,19 @@ ATTACKS: dict[str, list[str]] = {
 }
 CONTROL = "idle_members"  # not an attack: peers that join and ask for nothing (see cpu_cap)
 # Attacks that start under SCHED_IDLE alone and are capped at their cap once
-# their counter reaches the count (``held``): the control's members, whose
+# in place (``IN_PLACE``): the control's members, whose
 # joining is the costly part. Capped from the start they joined late or
 # never: at 0.1 core none of eight had joined by the window's end in six
 # runs; at 0.3 their handshakes ran out their deadline and were redone for
 # the first ~20 s of it (2026-11-29, 11:15 UTC), a join storm, not idle
 # members. They join before the honest nodes, so that the control's window
 # opens at a baseline's swarm age.
-HELD = {CONTROL: ("joined", MEMBERS)}
+HELD = {CONTROL}
 # Attackers that must follow each version as it is published, to announce
 # it: capped at 0.1 core, even once all four followed (they count
-# ``following``), no chunk request reached them in 7 scenarios of 7
-# (2026-11-29), so they run under SCHED_IDLE alone. They take 0.18-0.25 of a
+# ``following``), they announced too late to be asked: 6 of 7 scenarios not
+# engaged, 5 busy answers and 9 good chunks in all (2026-11-29), so they run
+# under SCHED_IDLE alone. They take 0.18-0.25 of a
 # core, on the core beside the learner's (``--pin``), and with that core
 # busier the learner's model work took longer per batch: see
 # ``learner_control_ratio`` for what they make the learner itself do.
@@ -73,8 +74,15 @@ BOOTSTRAP_ENV = {
         "ECHO_BOOTSTRAP_RELAY_KNOWN_AFTER_S": str(RELAY_KNOWN_AFTER_S),
     },
 }
-# Attacks that start before the honest nodes join (they must get in through it).
-BEFORE_JOIN = {"idle_sockets", "decoy_jobs", CONTROL}
+# Attacks that start before the honest nodes join: they must get in through
+# it, or (the control, the relay's crowd) their window must open at a
+# baseline's swarm age. The policy's answers shorten as it learns: a relay
+# scenario whose crowd came after the nodes opened its window ~25 s later and
+# answered 62 tokens a batch against the baselines' 121-142 (2026-11-29).
+BEFORE_JOIN = {"idle_sockets", "decoy_jobs", CONTROL, "relay_exhaustion"}
+# The counter, and its count, that says an attack started before the nodes
+# is in place (else any report at all).
+IN_PLACE = {CONTROL: ("joined", MEMBERS), "relay_exhaustion": ("tried", CROWD)}
 TARGET = {"api_pollers": 0.9}
 # What shows in an attacker's own counters (bench/attacker.py) that it did
 # what its attack is: a counter with one of these names or prefixes above 0.
@@ -104,9 +112,9 @@ def engaged(name: str, counters: dict) -> bool:
 
 
 def took_hold(name: str, counters: dict) -> bool:
-    """Is an attack in place: its ``HELD`` counter at its count, or (started
-    before the honest nodes) any counter at all?"""
-    if name in HELD:
-        key, n = HELD[name]
+    """Is an attack started before the honest nodes in place: its
+    ``IN_PLACE`` counter at its count, or any counter at all?"""
+    if name in IN_PLACE:
+        key, n = IN_PLACE[name]
         return counters.get(key, 0) >= n
     return bool(counters)

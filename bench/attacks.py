@@ -69,7 +69,6 @@ from attack_catalog import (  # noqa: E402
     BOOTSTRAP_ENV,
     CONTROL,
     CORES,
-    CROWD,
     HELD,
     RELAY_KNOWN_AFTER_S,
     TARGET,
@@ -189,16 +188,23 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=attacker_limits(
-                    None if name in UNCAPPED | set(HELD) else cap_group(name, args), cores_of(args.pin).get("attacker")
+                    None if name in UNCAPPED | HELD else cap_group(name, args), cores_of(args.pin).get("attacker")
                 ),
             )
 
         try:
             if name in BEFORE_JOIN:
+                if name == "relay_exhaustion":
+                    # An honest peer of its own process, known to the relay
+                    # before the crowd comes; it asks once the crowd has tried.
+                    probe = ProbeProcess(swarm.bootstrap_addr, RELAY_KNOWN_AFTER_S, root / "probe.log")
+                    wait_for("the probe to be known to the relay", probe.known, 60, swarm)
                 attacker = start_attack()
                 # In place before anyone joins (e.g. decoy jobs already
-                # listed): its first report says it took hold.
+                # listed): its reports say it took hold.
                 wait_for("the attack to take hold", lambda: took_hold(name, last_report(attack_log)), 120, swarm)
+                if probe is not None:
+                    probe.crowd_tried()
                 if name in HELD:
                     confine(attacker.pid, cap_group(name, args))
             for i in range(HONEST):
@@ -210,15 +216,7 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
                 swarm,
             )
             if attacker is None and name != "baseline":
-                if name == "relay_exhaustion":
-                    # An honest peer of its own process, known to the relay
-                    # before the crowd comes; it asks once the crowd has tried.
-                    probe = ProbeProcess(swarm.bootstrap_addr, RELAY_KNOWN_AFTER_S, root / "probe.log")
-                    wait_for("the probe to be known to the relay", probe.known, 60, swarm)
                 attacker = start_attack()
-                if probe is not None:
-                    wait_for("the crowd to try", lambda: last_report(attack_log).get("tried", 0) >= CROWD, 120, swarm)
-                    probe.crowd_tried()
             time.sleep(args.settle_s)  # let the attack take hold: it is measured, not awaited
             pids = {n: p.pid for n, p in swarm.procs.items()} | ({"attacker": attacker.pid} if attacker else {})
             cpu_before = {n: cpu_s(pid) for n, pid in pids.items()}
