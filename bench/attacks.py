@@ -79,7 +79,7 @@ from attack_catalog import (  # noqa: E402
 from confine import attacker_limits, confine, cpu_cap  # noqa: E402
 from harness import accepted_in, ledger_verdicts, node_receipts  # noqa: E402
 from localswarm import LocalSwarm, local_swarm  # noqa: E402
-from observe import StatusSampler, control_ms, cpu_s, machine_shares, machine_times  # noqa: E402
+from observe import StatusSampler, control_ms, cpu_s, json_reports, machine_shares, machine_times  # noqa: E402
 from relay_probe import ProbeProcess  # noqa: E402
 from swarmproc import free_port  # noqa: E402
 
@@ -121,8 +121,7 @@ def cores_of(pin: bool) -> dict[str, set[int]]:
 
 def last_report(attack_log: Path) -> dict:
     """The attacker's newest counters (it prints them every few seconds)."""
-    lines = [x for x in attack_log.read_text().splitlines() if x.startswith("{")] if attack_log.exists() else []
-    return json.loads(lines[-1]) if lines else {}
+    return (json_reports(attack_log) or [{}])[-1]
 
 
 def wait_for(what: str, done, timeout_s: float, swarm: LocalSwarm) -> None:
@@ -188,7 +187,7 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=attacker_limits(
-                    None if name in UNCAPPED | HELD else cap_group(name, args), cores_of(args.pin).get("attacker")
+                    None if name in UNCAPPED | HELD else cap_group(name, args), swarm.cpus.get("attacker")
                 ),
             )
 
@@ -251,7 +250,7 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
         # shorten (150 to 20-50 tokens a batch within three minutes of one
         # run), and a batch's cost with them.
         "tokens_per_batch": round(tokens / accepted, 1) if accepted else None,
-        # What an attack is judged on (see judged).
+        # The baselines' spread is judged in these (``baseline_cv``).
         "tokens_per_s": round(tokens / args.window_s, 1),
         "honest_alive": alive,
         "nodes_stopped": stopped,  # honest node processes that exited (e.g. on a decoy job)

@@ -36,6 +36,14 @@ def machine_shares(before: list[int], after: list[int]) -> dict:
     }
 
 
+def json_reports(log: Path) -> list[dict]:
+    """The JSON lines a bench helper process printed to ``log`` (its other
+    lines are logging), oldest first."""
+    if not log.exists():
+        return []
+    return [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]
+
+
 # What a batch costs the learner besides the model's work: every phase of its
 # ``load`` split (echo_learner/verify/cpu_split.py) but these.
 NOT_CONTROL = ("recompute", "train")

@@ -29,6 +29,8 @@ from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from observe import json_reports  # noqa: E402  (bench/, this script's directory)
+
 from protocol.identity import Identity  # noqa: E402
 from protocol.net.host import make_host, parse_peer_addr  # noqa: E402
 from protocol.net.relay_server import reserve_once  # noqa: E402
@@ -79,7 +81,7 @@ class ProbeProcess:
         )
 
     def reports(self) -> list[dict]:
-        return [json.loads(x) for x in self.log.read_text().splitlines() if x.startswith("{")]
+        return json_reports(self.log)
 
     def known(self) -> bool:
         """Has it been connected long enough to be known to the relay?"""
