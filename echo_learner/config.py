@@ -232,6 +232,12 @@ class LearnerConfig(ConnectionSettings):
     mdns: bool = setting(
         True, "announce the job on the local network (mDNS), so nodes on the LAN need no bootstrap address"
     )
+    manifest_put_s: float = setting(
+        30.0,
+        "least seconds between two DHT puts of the newest manifest (nodes looking for a job read it; "
+        "running nodes learn each version from their neighbours)",
+        lo=0,
+    )
     bootstrap_ping_s: float = setting(
         10.0, "seconds between pings to each bootstrap peer (shown on the status page)", lo=0.1
     )

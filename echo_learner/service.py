@@ -298,7 +298,7 @@ class Learner:
             ):
                 self.swarm = swarm
                 self.bans.install(swarm.host, swarm.gate)
-                self.directory = JobDirectory(swarm, self.me)
+                self.directory = JobDirectory(swarm, self.me, cfg.manifest_put_s)
                 if cfg.mdns:
                     await nursery.start(discover_lan, swarm, cfg.bootstrap_timeout_s)
                 await connect_bootstrap(swarm, cfg.bootstrap, cfg.bootstrap_timeout_s)

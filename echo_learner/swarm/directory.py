@@ -6,6 +6,16 @@ A DHT put waits on the peers closest to the key, and one that answers slowly
 (any stranger can join the DHT) held every training step for up to
 ``DHT_TIMEOUT_S``: so ``keep_manifest`` puts each new manifest off the
 training loop, skipping versions published meanwhile (the newest goes next).
+
+It puts at most one manifest every ``put_interval_s``: a put asks each of
+the key's closest peers twice (find them, then store), and the record is
+read only by nodes looking for a job; running nodes learn each version from
+their neighbours' Haves and fetch its manifest from the learner. Put at
+every version, the puts were ~18 % of the learner's event-loop CPU in a
+sync swarm of three nodes, and grew with every DHT peer that joined: four
+chunk peers that announced and never served made them +27 ms of learner CPU
+per accepted batch (bench/attacks.py stalling_chunk_peers, py-spy,
+2026-11-29).
 """
 
 from __future__ import annotations
@@ -24,9 +34,10 @@ DHT_TIMEOUT_S = 10.0
 
 
 class JobDirectory:
-    def __init__(self, swarm: Swarm, learner: str):
+    def __init__(self, swarm: Swarm, learner: str, put_interval_s: float):
         self.swarm = swarm
         self.learner = learner
+        self.put_interval_s = put_interval_s
         self._unput: tuple[int, bytes] | None = None  # the newest manifest not yet in the DHT
         self._unput_changed = trio.Event()
 
@@ -50,11 +61,13 @@ class JobDirectory:
         self._unput_changed.set()
 
     async def keep_manifest(self) -> None:
-        """Put each new manifest in the DHT; runs until cancelled."""
+        """Put the newest manifest in the DHT, at most once every
+        ``put_interval_s``; runs until cancelled."""
         while True:
             await self._unput_changed.wait()
             self._unput_changed = trio.Event()
             await self.put_manifest()
+            await trio.sleep(self.put_interval_s)  # a rate limit: what is published meanwhile waits
 
     async def put_manifest(self) -> None:
         """Put the newest manifest not yet in the DHT, now."""
