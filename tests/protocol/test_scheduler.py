@@ -333,8 +333,26 @@ def test_the_endgame_copy_goes_to_the_seed_not_to_another_untried_announcer():
     assert first != "seed"  # an untried peer first: it may relay
     assert d.next_requests(2.0) == [("seed", 1)]  # not the other untried peer
     d.on_failed("seed", 1, 2.1, declined=True)
-    assert d.next_requests(2.2) == []  # nor while the seed declines (a stranger's request is not hedged)
-    assert d.next_requests(2.1 + d.config.seed_retry_s) == [("seed", 1)]
+    # The stranger's request is still open: the seed, asked twice, serves it.
+    assert d.next_requests(2.2) == [("seed", 1)]
+
+
+def test_a_strangers_request_for_a_chunk_the_seed_no_longer_announces_is_copied_to_the_seed():
+    """Four peers that announced every chunk and never sent one held each
+    node's version for a whole timeout once each, where the seed serves a
+    chunk asked of it twice (bench/attacks.py stalling_chunk_peers)."""
+    config = SchedulerConfig(endgame_after_s=1.0, timeout_initial_s=3.0)
+    d = Download(2, {0}, seed="seed", config=config, rng=random.Random(0))
+    d.trusted |= {"seed"}
+    d.update_peer("stranger", frozenset({0, 1}))
+    d.update_peer("seed", frozenset())  # its round went out: it announces nothing
+    assert d.next_requests(0.0) == [("stranger", 1)]
+    assert d.request_timeout("stranger") == 3.0  # the stranger's verdict comes this late
+    assert d.next_wakeup(0.0) == 1.0
+    assert d.next_requests(0.9) == []
+    assert d.next_requests(1.0) == [("seed", 1)]  # the version does not wait for it
+    d.on_done("seed", 1, 1.2)
+    assert d.complete and d.in_flight == {1: "stranger"}  # its request runs on to its verdict
 
 
 def test_a_slow_request_to_a_proven_peer_waits_for_a_declining_seed():
