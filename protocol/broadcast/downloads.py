@@ -169,7 +169,7 @@ class Downloads:
             elif outcome == outcomes.DENIED:
                 self.penalties.ban(peer, "denied a chunk it announces", version=m.version, chunk=idx)
             elif outcome == outcomes.STALLED and not self.banned(peer) and peer != s.learner_id:
-                self.penalties.strike(peer, s.trusted)
+                self.penalties.strike(peer)
             d.on_failed(
                 peer,
                 idx,

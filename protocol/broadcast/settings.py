@@ -57,8 +57,8 @@ class BroadcastConfig:
     # CPU on both sides; 50 ms adds little to a chunk's 100+ ms hop.
     have_interval_s: float = 0.05
     request_timeout_s: float = 10.0
-    # Stalls (within ban_s) after which a peer that has served us before is
-    # asked for nothing for ban_s (one stall suffices for a peer that never has).
+    # Stalls (within ban_s) after which a peer is asked for nothing for
+    # ban_s, whether or not it has served us before (penalties.py says why).
     stalls_to_ban: int = 2
     ban_s: float = 600.0
     # Upload write size: larger writes cost py-libp2p far less CPU per byte
