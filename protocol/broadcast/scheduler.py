@@ -250,9 +250,17 @@ class Download:
                     continue
                 others = {p: s for p, s in usable.items() if p != first}
                 peer = self._pick(idx, others, now, typical, endgame=True)
-                if peer is None and self._copied_by_seed(first) and self.seed in others:
+                if peer is None and self.seed in others and (first not in self.trusted or self._hedged(first)):
                     # The seed holds every chunk, announced or not, and
-                    # serves one asked of it twice.
+                    # serves one asked of it twice: a hedged peer's request
+                    # goes to it, and a stranger's (which still runs on to
+                    # its verdict, protocol.broadcast.requests), so that the
+                    # version need not wait. Four strangers that announced
+                    # every chunk and never sent one held each sync node's
+                    # version for their whole timeout once each: 0.78 of the
+                    # honest rate (bench/attacks.py stalling_chunk_peers,
+                    # 2026-11-29). A proven peer's request is only slow: the
+                    # seed's decline holds.
                     peer = self.seed
                 if peer is None:
                     continue
@@ -309,21 +317,6 @@ class Download:
         if peer == self.seed or peer not in self.trusted:
             return False
         return self.records.doubtful(peer) or not self.records.proven(peer, self.config.proven_chunks)
-
-    def _copied_by_seed(self, peer: str) -> bool:
-        """May the endgame copy a request to ``peer`` to the seed when no peer
-        that served this version holds the chunk (the seed holds every chunk
-        and serves one asked of it twice)? For a hedged peer, and for a
-        stranger (``endgame_after_s`` in): a stranger's request still runs on
-        to its verdict (``protocol.broadcast.requests``), but the version
-        need not wait for it. Four strangers that announced every chunk and
-        never sent one held each sync node's version for their whole timeout
-        (2 s, once each): 0.78 of the honest batch rate (bench/attacks.py
-        stalling_chunk_peers, 2026-11-29). A proven peer's request is only
-        slow: the seed's decline holds."""
-        if peer == self.seed:
-            return False
-        return peer not in self.trusted or self._hedged(peer)
 
     def _stranger(self, peer: str, state: _Peer) -> bool:
         """Has ``peer`` never sent us a good chunk (and is not the seed)?"""
