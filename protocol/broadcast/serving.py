@@ -113,7 +113,7 @@ class ChunkServer:
             banned=e.banned(peer),
             idle_credit=self._largest_version if idle else None,
         )
-        verdict = policy.allow(req.index, peer, weak, free)
+        verdict = policy.allow(req.index, peer, weak, free, counted=not idle)
         if verdict != "ok":
             await chunk.send_reply(stream, ErrorReply(verdict, "fetch it later or from another peer"))
             return
@@ -150,7 +150,7 @@ class ChunkServer:
                 e.stats.free_rider_bytes_up += len(data)
         finally:
             offer = policy.offered()
-            policy.finished(req.index, ok=ok, weak=weak, free=free)
+            policy.finished(req.index, ok=ok, weak=weak, free=free, counted=not idle)
             if policy.offered() is not offer:
                 e.have_changed()
 

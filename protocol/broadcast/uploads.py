@@ -51,6 +51,8 @@ class UploadPolicy:
     Free riders (``reciprocity.Standing``: peers that pass nothing on) are
     admitted ``max_free_admitted`` at a time, all of them together, so that a
     crowd of leeching identities takes one requester's place, not the queue.
+    Neither their copies nor the seed's copies to a peer that does not work
+    for the job (``counted`` False) count in its rounds.
     """
 
     n_chunks: int
@@ -100,12 +102,14 @@ class UploadPolicy:
         them."""
         return self._sent_to.get(peer, 0) if self.is_seed else shared
 
-    def allow(self, idx: int, peer: str = "", weak: bool = False, free: bool = False) -> str:
+    def allow(self, idx: int, peer: str = "", weak: bool = False, free: bool = False, counted: bool = True) -> str:
         """May this process serve chunk ``idx`` to ``peer`` now? ``weak``:
-        ``peer`` is reached only through a relay; ``free``: it is a free rider.
+        ``peer`` is reached only through a relay; ``free``: it is a free rider;
+        ``counted``: for the seed, a copy to ``peer`` counts in its rounds
+        (False: ``peer`` does not work for the job; see below).
 
-        ``ok`` (admit it, then call ``finished`` with the same ``weak`` and
-        ``free``), ``busy`` (queue full; the free riders' places taken; or the
+        ``ok`` (admit it, then call ``finished`` with the same ``weak``,
+        ``free`` and ``counted``), ``busy`` (queue full; the free riders' places taken; or the
         seed's first round, a weak requester and another one being served) or ``ask_others``: the seed has pushed this
         chunk in this round already (it no longer offers it; the requester saw
         an older Have) and the swarm relays it. A chunk whose holders left, or
@@ -134,6 +138,15 @@ class UploadPolicy:
             self._declined[peer].discard(idx)  # asked again: nobody else could send it
         self.admitted += 1
         self._strong_admitted += not weak
+        if not counted:
+            # A peer that does not work for the job may never pass the copy
+            # on: served in full, but not as the round's copy. (Counted in,
+            # a leecher under a fresh identity every 5 s took the round's
+            # first copies of each new version with its newcomer's credit,
+            # and the seed told the honest nodes ``ask_others`` while no
+            # honest peer held those chunks: a node waited seed_retry_s,
+            # 2 s, at most versions; sync, bench/attacks.py empty_have_leech.)
+            return "ok"
         self.served[idx] += 1
         if self.is_seed:
             if len(self._sent_to) >= MAX_REQUESTERS and peer not in self._sent_to:
@@ -143,11 +156,11 @@ class UploadPolicy:
                 self._offered = self._offered - {idx}
         return "ok"
 
-    def finished(self, idx: int, *, ok: bool, weak: bool = False, free: bool = False) -> None:
+    def finished(self, idx: int, *, ok: bool, weak: bool = False, free: bool = False, counted: bool = True) -> None:
         self.admitted -= 1
         self.free_admitted -= free
         self._strong_admitted -= not weak
-        if free:
+        if free or not counted:
             return
         if not ok:
             # The copy did not arrive: it does not count as sent.

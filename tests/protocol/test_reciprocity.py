@@ -80,6 +80,21 @@ def test_free_riders_are_admitted_one_requesters_worth():
     assert p.allow(4, "L9", free=True) == "ok"
 
 
+def test_the_seeds_copy_to_a_peer_that_works_for_nobody_is_not_the_rounds_copy():
+    """A leecher under a fresh identity every 5 s took each new version's
+    first copies with its newcomer's credit, and the seed told the honest
+    nodes to fetch them elsewhere while no honest peer held them."""
+    p = UploadPolicy(n_chunks=2, max_admitted=8, is_seed=True)
+    assert p.allow(0, "newcomer", counted=False) == "ok"
+    assert p.offered() == {0, 1}  # still offered to the nodes
+    p.finished(0, ok=True, counted=False)
+    assert p.allow(0, "node") == "ok"  # the round's copy, not ask_others
+    assert p.offered() == {1}
+    p.finished(0, ok=True)
+    assert p.allow(0, "other node") == "ask_others"  # the swarm relays it now
+    assert p.allow(0, "newcomer", counted=False) == "ask_others"  # a newcomer too, unless it asks again
+
+
 class Tally:
     """Bytes a leecher received; ``flowing`` is set once it has a few chunks."""
 
