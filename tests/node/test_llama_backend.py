@@ -105,6 +105,10 @@ def worst_difference(model, backend, rng, batches=4):
     return worst, total / tokens, tokens
 
 
+# The two parity sweeps (every dtype, four policies; two LoRA versions per
+# dtype) are measurements on an 11-s trained fixture: make test runs them,
+# make test-fast leaves them out (issue 55: test-fast within 120 s).
+@pytest.mark.heavy
 @pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0"])
 def test_llama_logprobs_match_the_learners_recompute(dtype, tmp_path, trained):
     rng = random.Random(0)
@@ -192,6 +196,7 @@ def test_export_refuses_what_llama_cpp_cannot_run(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing half-written is left behind
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("dtype", ["f32", "q8_0"])
 def test_lora_versions_run_as_adapters_on_one_base(dtype, tmp_path, trained):
     """Each LoRA version is a llama.cpp adapter on the base loaded once; the
