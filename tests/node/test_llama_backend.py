@@ -105,9 +105,10 @@ def worst_difference(model, backend, rng, batches=4):
     return worst, total / tokens, tokens
 
 
-# The two parity sweeps (every dtype, four policies; two LoRA versions per
-# dtype) are measurements on an 11-s trained fixture: make test runs them,
-# make test-fast leaves them out (issue 55: test-fast within 120 s).
+# The tests on the 11-s trained fixture (parity sweeps over every dtype and
+# four policies, LoRA versions per dtype, the base loaded once) are heavy:
+# make test runs them, make test-fast leaves them out (issue 55: test-fast
+# within 120 s on 2 cores).
 @pytest.mark.heavy
 @pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0"])
 def test_llama_logprobs_match_the_learners_recompute(dtype, tmp_path, trained):
@@ -237,6 +238,7 @@ def test_lora_versions_run_as_adapters_on_one_base(dtype, tmp_path, trained):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.heavy
 def test_a_lora_version_on_the_base_version_in_use_does_not_load_the_base_again(tmp_path, trained):
     """The base version is a full version a node loads first; the adapters
     made against it then go onto that very model (a second copy of a 0.6B
