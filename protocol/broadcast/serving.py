@@ -23,7 +23,7 @@ import trio
 from libp2p.abc import INetStream
 
 from protocol.broadcast import bitfield
-from protocol.broadcast.ratelimit import TokenBucket
+from protocol.broadcast.ratelimit import RefusalPace, TokenBucket
 from protocol.broadcast.reciprocity import Standing
 from protocol.broadcast.settings import BroadcastConfig, Stats
 from protocol.broadcast.store import VersionStore
@@ -35,6 +35,11 @@ from protocol.rpc import remote_peer
 from protocol.wire import chunk
 from protocol.wire.chunk import ChunkData, ManifestRequest
 from protocol.wire.have import Have
+
+# Refusals after which a peer's next request waits (``RefusalPace``); not
+# ``ask_others``: a redirect, answered once per chunk and round, after which
+# the requester asks others or gets the chunk when it asks again.
+PACED = {UNKNOWN_JOB, chunk.UNKNOWN_VERSION, chunk.UNKNOWN_CHUNK, chunk.BUSY}
 
 
 class Engine(Protocol):
@@ -73,6 +78,9 @@ class ChunkServer:
         self.standing = Standing(engine.config.initial_credit_chunks, engine.config.credit_s)
         self._policies: dict[tuple[int, str], UploadPolicy] = {}  # by version and variant
         self._largest_version = 0  # chunks in the largest version served: a newcomer's first fetch
+        # Half an honest downloader's rest after a busy answer, so that it never waits for this.
+        backoff = engine.config.scheduler
+        self.refusals = RefusalPace(backoff.busy_backoff_s / 2, backoff.busy_backoff_max_s / 2)
 
     def offered(self, version: int) -> frozenset[int] | None:
         """The chunks of ``version`` the seed offers now (None: no policy yet, all)."""
@@ -80,27 +88,32 @@ class ChunkServer:
         return policy.offered() if policy is not None else None
 
     async def serve(self, stream: INetStream) -> None:
-        """Answer requests on ``stream`` until the peer ends it."""
-        while (req := await chunk.next_request(stream)) is not None:
-            await self.answer(stream, req)
+        """Answer requests on ``stream`` until the peer ends it; after a
+        refusal, its next request waits its turn (``RefusalPace``)."""
+        peer = remote_peer(stream)
+        while True:
+            await self.refusals.wait(peer)
+            if (req := await chunk.next_request(stream)) is None:
+                return
+            if await self.answer(stream, req) in PACED:
+                self.refusals.refused(peer)
 
-    async def answer(self, stream: INetStream, req: chunk.Request) -> None:
+    async def answer(self, stream: INetStream, req: chunk.Request) -> str:
+        """Answer ``req``; what was answered: ``ok`` or an error code."""
         e = self.engine
         if req.job_id != e.job_id:
-            await chunk.send_reply(stream, ErrorReply(UNKNOWN_JOB, f"this swarm runs {e.job_id}"))
-            return
+            return await self._refuse(stream, UNKNOWN_JOB, f"this swarm runs {e.job_id}")
         if isinstance(req, ManifestRequest):
             newest = e.store.newest()
             version = newest.version if req.version < 0 and newest is not None else req.version
             store = e.holding(version, req.variant)
-            reply = store.manifests[version] if store is not None else None
-            await chunk.send_reply(stream, reply or ErrorReply(chunk.UNKNOWN_VERSION, f"no v{req.version}"))
-            return
+            if store is None:
+                return await self._refuse(stream, chunk.UNKNOWN_VERSION, f"no v{req.version}")
+            await chunk.send_reply(stream, store.manifests[version])
+            return "ok"
         store = e.holding(req.version, req.variant) if e.config.relay or e.is_seed else None
-        data = store.read(req.version, req.index) if store is not None else None
-        if store is None or data is None:
-            await chunk.send_reply(stream, ErrorReply(chunk.UNKNOWN_CHUNK, f"no chunk {req.index} of v{req.version}"))
-            return
+        if store is None or not store.holds(req.version, req.index):
+            return await self._refuse(stream, chunk.UNKNOWN_CHUNK, f"no chunk {req.index} of v{req.version}")
         policy = self._policy(store, req.version, req.variant)
         peer = remote_peer(stream)
         offer = policy.offered()
@@ -115,12 +128,15 @@ class ChunkServer:
         )
         verdict = policy.allow(req.index, peer, weak, free, counted=not idle)
         if verdict != "ok":
-            await chunk.send_reply(stream, ErrorReply(verdict, "fetch it later or from another peer"))
-            return
+            return await self._refuse(stream, verdict, "fetch it later or from another peer")
         if policy.offered() is not offer:
             e.have_changed()
         ok = False
         try:
+            # Read only once admitted: a refusal costs no disk read.
+            data = store.read(req.version, req.index)
+            if data is None:  # gone from the disk since
+                return await self._refuse(stream, chunk.UNKNOWN_CHUNK, f"no chunk {req.index} of v{req.version}")
             reply = ChunkData(e.job_id, req.version, req.index, data)
             priority = policy.priority(peer, self._shared(store, peer, req.version))
             # A free rider holds no upload slot: throttled by its own bucket,
@@ -153,6 +169,11 @@ class ChunkServer:
             policy.finished(req.index, ok=ok, weak=weak, free=free, counted=not idle)
             if policy.offered() is not offer:
                 e.have_changed()
+        return "ok"
+
+    async def _refuse(self, stream: INetStream, code: str, why: str) -> str:
+        await chunk.send_reply(stream, ErrorReply(code, why))
+        return code
 
     @contextlib.asynccontextmanager
     async def _slot(self, priority: int) -> AsyncIterator[None]:

@@ -75,6 +75,9 @@ class VersionStore:
     def chunks_held(self, version: int) -> frozenset[int]:
         return frozenset(self.held.get(version, ()))
 
+    def holds(self, version: int, idx: int) -> bool:
+        return idx in self.held.get(version, ())
+
     def complete(self, version: int) -> bool:
         m = self.manifests.get(version)
         return m is not None and len(self.held[version]) == len(m.chunk_hashes)

@@ -108,9 +108,9 @@ class Tally:
             self.flowing.set()
 
 
-async def leech(swarm, relay: PeerInfo, m, lanes: int, got: Tally) -> None:
+async def leech(swarm, relay: PeerInfo, m, lanes: int, got: Tally, refusals: list | None = None) -> None:
     """An empty Have to ``relay``, then every chunk of ``m`` over and over on
-    ``lanes`` streams."""
+    ``lanes`` streams (each refusal's code to ``refusals``)."""
     await swarm.host.connect(relay)
     stream = await swarm.host.new_stream(relay.peer_id, [have.PROTOCOL])
     await have.send(stream, empty_have(m))
@@ -126,6 +126,8 @@ async def leech(swarm, relay: PeerInfo, m, lanes: int, got: Tally) -> None:
             if isinstance(reply, ChunkData):
                 got.add(len(reply.data))
             else:
+                if refusals is not None:
+                    refusals.append(reply.code)
                 await trio.sleep(0.02)  # busy: ask again soon (an eager leecher)
 
     async with trio.open_nursery() as nursery:
@@ -198,3 +200,36 @@ async def test_a_leecher_with_an_empty_have_waits_while_honest_nodes_download(tm
     # alone, 2 MiB at 8 Mbit/s).
     assert leeched <= capped.free_rider_admitted * CHUNK, (leeched, elapsed, shares)
     assert relay.stats.free_rider_bytes_up >= leeched - 2 * CHUNK  # counted as free riding
+
+
+async def test_a_leecher_looping_refused_requests_is_answered_at_a_pace(tmp_path):
+    """Six lanes asking again 20 ms after each ``busy``: unpaced, the relay
+    answered ~200 refusals a second; paced (``ratelimit.RefusalPace``), a
+    few quick ones, then two a second for the peer over all its lanes."""
+    m, chunks = patterned_version(JOB, chunk_size=CHUNK, n_chunks=N_CHUNKS)
+    relay_store = VersionStore(tmp_path / "relay", learner_id=LEARNER.peer_id_str, keep=2)
+    relay_store.add_manifest(m)
+    for idx, data in enumerate(chunks):
+        relay_store.save_chunk(m, idx, data)
+        relay_store.mark_held(m.version, idx)
+    got, refusals = Tally(), []
+    async with (
+        open_swarm(Identity.generate(), LOOPBACK, server=True) as relay_swarm,
+        open_swarm(Identity.generate(), LOOPBACK, server=True) as leecher,
+        trio.open_nursery() as nursery,
+    ):
+        relay = BroadcastEngine(relay_swarm, relay_store, job_id=JOB, learner_id=LEARNER.peer_id_str, is_seed=False)
+        await nursery.start(relay.run)
+        at = PeerInfo(relay_swarm.host.get_id(), relay_swarm.host.get_addrs())
+        nursery.start_soon(leech, leecher, at, m, 6, got, refusals)
+        with trio.fail_after(30):
+            await got.flowing.wait()  # a free rider by now: two lanes served, four answered busy
+        before = len(refusals)
+        await trio.sleep(3.0)
+        window = len(refusals) - before
+        nursery.cancel_scope.cancel()
+    pace = relay.server.refusals
+    # At most max_pause_s apart once paced (0.5 s), plus the ramp (<= 6 quick
+    # ones) each time the peer kept away on its own: well under 20 in 3 s.
+    assert 1 <= window <= 20, (window, pace.pause_s, pace.max_pause_s)
+    assert got.bytes > 4 * CHUNK  # still served within the free riders' share
