@@ -11,18 +11,30 @@ the first core to itself and everything else shares the rest (see
 ``cores_of``). Every scenario runs once per learner mode
 (``--modes``: sync, then async; the learner's and nodes' default limits).
 The baseline is the same swarm with no attacker, run first and again after
-every two scenarios: this machine's speed drifts over minutes, so
-``honest_retained`` is an attack's honest accepted batches per second over
-the mean of the two baselines beside it, each carried to the attack's answer
-length (``length_model``: the policy's answers shorten as it learns, and a
-batch's cost with them). An attack's first try is its verdict: with ``--rerun-misses`` a
+every two scenarios, and ``honest_retained`` is an attack's honest
+accepted batches per second over the mean of the two baselines beside it,
+each carried to the attack's answer length (``length_model``: the policy's
+answers shorten as it learns, and a batch's cost with them) and to the
+machine's speed during the attack's window. This machine's cores run
++-15 % faster or slower over minutes, whatever runs on them (the host's
+other tenants): a probe in the bench's own process times a fixed piece of
+work on every core twice a second (``observe.SpeedProbe``, ``slowness_ms``),
+and a baseline that ran while the probe's work took 2.0 ms is carried to an
+attack that ran while it took 2.5 ms at 0.8 of its rate. Over 20-s blocks of
+one 300-s baseline swarm the probe's speed and the honest batch rate
+correlated 0.87 (async) and 0.60 (sync), and carrying the rate to one speed
+cut the blocks' cv from 0.087 to 0.046 and from 0.075 to 0.058 (2026-12-01).
+``unadjusted_retained`` is the same verdict without the speed.
+An attack's first try is its verdict: with ``--rerun-misses`` a
 missed one runs once more between two fresh baselines, and that try is
 reported beside it (``rerun``) but decides nothing. A control scenario
 (eight peers that join and ask for nothing; the window opens once all have
 joined) shows what the attacker's presence alone costs on this machine;
 with the baselines' coefficient of
 variation (``baseline_cv``) it says whether the run could tell an attack
-from noise (``steady``: every control joined and read 0.9-1.1, every cv <= 0.10).
+from noise (``steady``: every control joined and read 0.9-1.1, every cv <= 0.10;
+the cv of the baselines' batch rates at one answer length and speed, with
+``tokens_cv`` and ``batches_cv`` unadjusted beside it).
 
 Also checked per scenario: no honest process died, and every receipt an
 honest node holds has its row in the learner's ledger (``ledger_consistent``).
@@ -66,22 +78,28 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from attack_catalog import (  # noqa: E402
     ATTACKS,
     BEFORE_JOIN,
-    BOOTSTRAP_ENV,
     CONTROL,
     CORES,
     HELD,
-    RELAY_KNOWN_AFTER_S,
-    TARGET,
     UNCAPPED,
-    engaged,
     took_hold,
 )
 from confine import attacker_limits, confine, cpu_cap  # noqa: E402
 from harness import accepted_in, ledger_verdicts, node_receipts  # noqa: E402
 from localswarm import LocalSwarm, local_swarm  # noqa: E402
-from observe import StatusSampler, control_ms, cpu_s, json_reports, machine_shares, machine_times  # noqa: E402
+from observe import (  # noqa: E402
+    SpeedProbe,
+    StatusSampler,
+    control_ms,
+    cpu_s,
+    json_reports,
+    machine_shares,
+    machine_times,
+)
 from relay_probe import ProbeProcess  # noqa: E402
+from standing_relay import StandingRelay  # noqa: E402
 from swarmproc import free_port  # noqa: E402
+from verdict import carried, coefficient_of_variation, judged, length_model, mean_slowness  # noqa: E402
 
 from protocol.identity import load_or_create  # noqa: E402
 
@@ -145,18 +163,16 @@ def ledger_consistent(swarm: LocalSwarm, ledger: Path) -> bool:
     )
 
 
-def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict:
+def scenario(name: str, mode: str, args: argparse.Namespace, root: Path, relay: StandingRelay | None = None) -> dict:
     """One swarm (the learner in ``mode``: sync or async), optionally one
-    attack; the honest accepted batches and their tokens."""
+    attack; the honest accepted batches and their tokens. ``relay``:
+    relay_exhaustion's bootstrap peer and probe, up since the mode began."""
     with local_swarm(root) as swarm:
         swarm.cpus = cores_of(args.pin)
-        env = BOOTSTRAP_ENV.get(name, {})
-        os.environ.update(env)  # read by the bootstrap alone: it is started first, and they go again
-        try:
+        if relay is not None:
+            swarm.bootstrap_addr = relay.addr
+        else:
             swarm.start_bootstrap()
-        finally:
-            for key in env:
-                del os.environ[key]
         learner_port, api_port = free_port(), free_port()
         swarm.listen = f"/ip4/127.0.0.1/tcp/{learner_port}"
         swarm.start_learner("--steps", "1000000", "--status-port", str(api_port), "--mode", mode)
@@ -193,11 +209,15 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
 
         try:
             if name in BEFORE_JOIN:
-                if name == "relay_exhaustion":
+                if relay is not None:
                     # An honest peer of its own process, known to the relay
                     # before the crowd comes; it asks once the crowd has tried.
-                    probe = ProbeProcess(swarm.bootstrap_addr, RELAY_KNOWN_AFTER_S, root / "probe.log")
-                    wait_for("the probe to be known to the relay", probe.known, 60, swarm)
+                    probe = relay.probe
+                    if not args.json and relay.left_s() > 0:
+                        print(
+                            f"  waiting {relay.left_s():.0f} s for the probe to be known", file=sys.stderr, flush=True
+                        )
+                    wait_for("the probe to be known to the relay", probe.known, relay.left_s() + 120, swarm)
                 attacker = start_attack()
                 # In place before anyone joins (e.g. decoy jobs already
                 # listed): its reports say it took hold.
@@ -221,7 +241,7 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
             cpu_before = {n: cpu_s(pid) for n, pid in pids.items()}
             machine_before = machine_times()
             start_ms = int(time.time() * 1000)
-            with StatusSampler(api_port) as sampler:
+            with StatusSampler(api_port) as sampler, SpeedProbe(os.sched_getaffinity(0)) as speed:
                 time.sleep(args.window_s)
             end_ms = int(time.time() * 1000)
             machine = machine_shares(machine_before, machine_times())
@@ -250,8 +270,12 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
         # shorten (150 to 20-50 tokens a batch within three minutes of one
         # run), and a batch's cost with them.
         "tokens_per_batch": round(tokens / accepted, 1) if accepted else None,
-        # The baselines' spread is judged in these (``baseline_cv``).
+        # Reported beside the verdict (``tokens_retained``, ``tokens_cv``).
         "tokens_per_s": round(tokens / args.window_s, 1),
+        # How slowly this machine ran during the window (``observe.SpeedProbe``):
+        # rates are judged against baselines carried to the same speed.
+        "slowness_ms": speed.slowness(),
+        "slowness_ms_by_cpu": speed.summary()["slowness_ms_by_cpu"],
         "honest_alive": alive,
         "nodes_stopped": stopped,  # honest node processes that exited (e.g. on a decoy job)
         "clean_exit": all(c == 0 for c in codes.values()),
@@ -284,92 +308,42 @@ def scenario(name: str, mode: str, args: argparse.Namespace, root: Path) -> dict
     }
 
 
-def length_model(baselines: list[dict]) -> tuple[float, float]:
-    """``(a, b)``: a baseline swarm's seconds per accepted batch as
-    ``a + b * tokens_per_batch``, fitted to this mode's baselines (least
-    squares, both kept >= 0).
-
-    Why: as the policy learns, its answers shorten, and a batch's cost with
-    them, but not in proportion: part of it is per batch (a step, a version,
-    a receipt), part per token (generating, recomputing, training). Judged in
-    batches, a scenario whose policy answered short read high; in tokens, it
-    read low (2026-11-29, 14:41 UTC, sync: relay_exhaustion answered 100.5
-    tokens a batch against the baselines' 117.8-143.9, and read 0.975 in
-    batches, 0.765 in tokens, 0.814 against this fit, s = 0.0457 + 0.00117 *
-    tokens). With b = 0 the fit is batches/s, with a = 0 tokens/s.
-    """
-    points = [(b["tokens_per_batch"], 1 / b["rate_per_s"]) for b in baselines if b["rate_per_s"]]
-    if len(points) < 3 or len({t for t, _ in points}) < 2:
-        return 0.0, 1.0  # too few to fit: tokens/s
-    slope, intercept = statistics.linear_regression(*zip(*points))
-    if slope <= 0:
-        return 1.0, 0.0
-    if intercept <= 0:
-        return 0.0, 1.0
-    return intercept, slope
-
-
-def judged(name: str, result: dict, before: dict, after: dict, model: tuple[float, float]) -> dict:
-    """``result`` against the baselines run just before and just after it,
-    each baseline's batch rate carried to the scenario's answer length by
-    ``model`` (``length_model``)."""
-    a, b = model
-
-    def at_this_length(baseline: dict) -> float:
-        length = baseline["tokens_per_batch"] or 0.0
-        return baseline["rate_per_s"] * (a + b * length) / (a + b * result["tokens_per_batch"])
-
-    reference = (at_this_length(before) + at_this_length(after)) / 2 if result["tokens_per_batch"] else 0.0
-    result["baseline_rate_per_s"] = round(reference, 3)
-    result["honest_retained"] = round(result["rate_per_s"] / reference, 3) if reference else 0.0
-    # The same in plain batches and in tokens, reported beside it.
-    for key, kept in (("rate_per_s", "batches_retained"), ("tokens_per_s", "tokens_retained")):
-        beside = (before[key] + after[key]) / 2
-        result[kept] = round(result[key] / beside, 3) if beside else 0.0
-    # The learner's CPU per honest batch (and token) during the scenario over
-    # the same in the baselines beside it: above 1, the attack costs the learner.
-    for key, ratio in (
-        ("learner_cpu_ms_per_batch", "learner_cpu_per_batch_ratio"),
-        ("learner_cpu_us_per_token", "learner_cpu_per_token_ratio"),
-        ("learner_control_ms_per_batch", "learner_control_ratio"),
-    ):
-        beside = [b[key] for b in (before, after) if b.get(key)]
-        if result.get(key) and beside:
-            result[ratio] = round(result[key] / statistics.mean(beside), 3)
-    # An attack that did not take hold is not a pass, nor a control whose
-    # members never joined a measure of their presence.
-    result["engaged"] = engaged(name, result.get("attacker", {}))
-    if name == CONTROL:
-        return result
-    result["target"] = TARGET.get(name, 0.8)
-    result["met"] = (
-        result["honest_retained"] >= result["target"]
-        and result["honest_alive"]
-        and result["nodes_stopped"] == 0
-        and result["ledger_consistent"]
-        and result["engaged"]
-        and result.get("honest_reserved", True)
-    )
-    return result
-
-
-def coefficient_of_variation(rates: list[float]) -> float | None:
-    return round(statistics.stdev(rates) / statistics.mean(rates), 3) if len(rates) > 1 and any(rates) else None
-
-
 def run_mode(mode: str, names: list[str], args: argparse.Namespace, root: Path) -> dict:
     """Every scenario of ``names`` (and the control) with the learner in ``mode``."""
     timeline: list[tuple[str, dict]] = []  # every scenario run, in order
+    relays: list[StandingRelay] = []
+
+    def standing_relay() -> StandingRelay:
+        relays.append(StandingRelay(root / f"{mode}-relay{len(relays)}", cores_of(args.pin).get("bootstrap")))
+        return relays[-1]
 
     def run(name: str) -> dict:
         if not args.json:
             print(f"{mode} {name} ...", file=sys.stderr, flush=True)
-        result = scenario(name, mode, args, root / f"{mode}-{len(timeline):02d}-{name}")
+        # relay_exhaustion's relay, known to its probe by now (a rerun's: by the time it is).
+        relay = None if name != "relay_exhaustion" else relays.pop() if relays else standing_relay()
+        try:
+            result = scenario(name, mode, args, root / f"{mode}-{len(timeline):02d}-{name}", relay)
+        finally:
+            if relay is not None:
+                relay.close()
         if not args.json:
             print(f"  {json.dumps(result)}", file=sys.stderr, flush=True)
         timeline.append((name, result))
         return result
 
+    if "relay_exhaustion" in names:
+        standing_relay()
+    try:
+        return judge_mode(names, args, timeline, run)
+    finally:
+        for relay in relays:
+            relay.close()
+
+
+def judge_mode(names: list[str], args: argparse.Namespace, timeline: list[tuple[str, dict]], run) -> dict:
+    """Run every scenario of ``names`` (and the control) with ``run``
+    (which adds each to ``timeline``), between baselines, and judge each."""
     # This machine's speed drifts by minutes (baselines of one run 3.6 and
     # 6.05 batches/s; a run where the whole honest swarm ran at half its CPU
     # for three scenarios in a row, the attacker idle): each attack is judged
@@ -398,14 +372,23 @@ def run_mode(mode: str, names: list[str], args: argparse.Namespace, root: Path) 
         attacks[name]["rerun"] = judged(name, rerun, before, run("baseline"), model)
     baselines = [r for n, r in timeline if n == "baseline"]
     rates = [b["tokens_per_s"] for b in baselines]
+    # What the verdict compares: each baseline's batch rate at the
+    # baselines' mean answer length and machine speed.
+    middle = {
+        "tokens_per_batch": statistics.mean(b["tokens_per_batch"] or 0.0 for b in baselines),
+        "slowness_ms": mean_slowness(baselines),
+    }
     return {
         # Every baseline, in the order run; each attack names its own
         # reference (``baseline_rate_per_s``: the two beside it, at its
-        # answer length).
+        # answer length and machine speed).
         "baseline": {
             "tokens_per_s": round(statistics.mean(rates), 1),
             "seconds_per_batch": {"a": round(model[0], 5), "per_token": round(model[1], 6)},
-            "cv": coefficient_of_variation(rates),
+            "slowness_ms": round(middle["slowness_ms"], 3) if middle["slowness_ms"] else None,
+            "cv": coefficient_of_variation([carried(b, middle, model) for b in baselines]),
+            # The same spread unadjusted, in tokens/s and in batches/s.
+            "tokens_cv": coefficient_of_variation(rates),
             "batches_cv": coefficient_of_variation([b["rate_per_s"] for b in baselines]),
             "runs": baselines,
         },

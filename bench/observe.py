@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -115,4 +116,66 @@ class StatusSampler:
             # Its CPU per accepted batch by phase over the window: the
             # model's work (recompute, train) apart from the control plane's.
             "cpu_ms_per_batch": load_split(self.first["load"], self.last["load"])["cpu_ms_per_batch"],
+        }
+
+
+def _fixed_work() -> int:
+    """A fixed piece of interpreter work (~3 ms of CPU here): what the
+    probe times. Pure Python, as most of a swarm's control plane is."""
+    total = 0
+    for i in range(20_000):
+        total += i * i % 7
+    return total
+
+
+class SpeedProbe:
+    """How fast this machine ran during a window: a fixed piece of work
+    (``_fixed_work``) timed in CPU time, on each of ``cpus`` in turn, every
+    ``every_s``, in a thread of the bench's own process.
+
+    Why: a virtual machine's cores run as fast as the host lets them. Here
+    the same work took 27.8-38.6 ms of CPU time in 10-s blocks of two
+    minutes on an idle machine (cv 0.186 per sample), on both cores at once
+    (correlation 0.65), and a busy neighbouring core changed it by 2 %
+    (2026-12-01): the host's other tenants, not our processes. A swarm whose
+    work is CPU-bound runs slower by as much, so a rate measured in one
+    window is judged against another's carried to the same speed
+    (``slowness``). It takes ~0.6 % of each core.
+    """
+
+    def __init__(self, cpus: set[int], every_s: float = 0.5):
+        self.cpus = sorted(cpus)
+        self.every_s = every_s
+        self.samples: list[tuple[float, int, float]] = []  # (wall-clock time, cpu, CPU seconds of the work)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            for cpu in self.cpus:
+                os.sched_setaffinity(0, {cpu})  # 0: this thread alone, on Linux
+                started = time.thread_time()
+                _fixed_work()
+                self.samples.append((time.time(), cpu, time.thread_time() - started))
+            self.stop.wait(self.every_s)
+
+    def __enter__(self) -> SpeedProbe:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def slowness(self, cpu: int | None = None) -> float | None:
+        """The work's mean CPU ms over the window (on ``cpu``, or on every
+        core): larger when the machine ran slower."""
+        times = [s for _, c, s in self.samples if cpu is None or c == cpu]
+        return round(1000 * sum(times) / len(times), 3) if times else None
+
+    def summary(self) -> dict:
+        return {
+            "samples": len(self.samples),
+            "slowness_ms": self.slowness(),
+            "slowness_ms_by_cpu": {str(c): self.slowness(c) for c in self.cpus},
         }
