@@ -82,7 +82,7 @@ class Row:
     credit: float
     created_ms: int
     receipt: bytes  # the signed Receipt as sent (empty when none could be made)
-    batch: bytes | None = None  # the encoded RolloutBatch, kept for accepted ones
+    batch: bytes | None = None  # the RolloutBatch as it came (its frame), kept for accepted ones
 
     @classmethod
     def of_receipt(cls, receipt: Receipt, *, peer: str, nonce: bytes, rollouts: int, batch: bytes | None) -> Row:

@@ -9,6 +9,7 @@ prompts to another node at once. Runs under ``protocol.rpc.serve``.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -87,24 +88,28 @@ class RolloutHandler:
             return
         await rollout.answer(
             stream,
-            lambda batch: self.judge(sender, batch),
+            lambda batch, frame: self.judge(sender, batch, frame),
             lambda exc: self._record_malformed(sender, exc),
             on_decoded=lambda seconds: self.cpu.add("decode", seconds),
         )
 
-    async def judge(self, sender: str, batch: RolloutBatch) -> Receipt:
-        """Verify ``batch``, record the verdict in the ledger and return the
-        signed receipt (sent only after the ledger write)."""
-        reason = await self.verifier.refusal(batch, sender, banned=self.peers.banned(sender))
+    async def judge(self, sender: str, batch: RolloutBatch, frame: bytes | None = None) -> Receipt:
+        """Verify ``batch`` (it came in ``frame``: kept as it is, not encoded
+        again), record the verdict in the ledger and return the signed
+        receipt (sent only after the ledger write)."""
+        # What the node signed, and the batch's id: built once for both.
+        with self.cpu.phase("signature"):
+            signed = codec.canonical_bytes(batch)
+        reason = await self.verifier.refusal(batch, sender, banned=self.peers.banned(sender), signed=signed)
         accepted = reason is None
         rollouts = sum(len(g.completions) for g in batch.groups)
         tokens = credited_tokens(batch)
         with self.cpu.phase("receipt"):
-            receipt = self._receipt(batch, reason, tokens)
+            receipt = self._receipt(batch, hashlib.sha256(signed).digest(), reason, tokens)
         # Write before ack: the row (and an accepted batch itself) is committed
         # before the node sees its receipt.
         with self.cpu.phase("ledger"):
-            kept = codec.encode(batch) if accepted else None
+            kept = (frame if frame is not None else codec.encode(batch)) if accepted else None
             self.ledger.record(Row.of_receipt(receipt, peer=sender, nonce=batch.nonce, rollouts=rollouts, batch=kept))
         cycle_s = None
         if reason is None:
@@ -169,13 +174,14 @@ class RolloutHandler:
         )
         self.pool.release(sender, [g.prompt_id for g in batch.groups])
 
-    def _receipt(self, batch: RolloutBatch, reason: str | None, tokens: int) -> Receipt:
-        """The signed verdict on ``batch``: accepted if ``reason`` is None."""
+    def _receipt(self, batch: RolloutBatch, batch_hash: bytes, reason: str | None, tokens: int) -> Receipt:
+        """The signed verdict on ``batch`` (its ``codec.digest``: ``batch_hash``),
+        accepted if ``reason`` is None."""
         accepted = reason is None
         return self.identity.sign(
             Receipt(
                 job_id=self.job_id,
-                batch_hash=codec.digest(batch),
+                batch_hash=batch_hash,
                 peer_id=batch.peer_id,
                 version=batch.version,
                 verdict="accepted" if accepted else "refused",

@@ -39,8 +39,9 @@ from echo_learner.verify.evidence import (
 )
 from echo_learner.verify.recompute import LogprobError, Pass, Recomputer
 from echo_learner.verify.tolerance import Tolerance, tolerance
+from protocol import codec
 from protocol.errors import SignatureError
-from protocol.identity import verify
+from protocol.identity import verify_bytes
 from protocol.process.logs import event
 from protocol.wire.rollout import MALFORMED, RolloutBatch
 
@@ -203,9 +204,12 @@ class Verifier:
         held = min(self.policies.models, default=version)
         return Window(max(version - self.staleness, held), version)
 
-    async def refusal(self, batch: RolloutBatch, sender: str, *, banned: bool) -> str | None:
+    async def refusal(
+        self, batch: RolloutBatch, sender: str, *, banned: bool, signed: bytes | None = None
+    ) -> str | None:
         """Every check of ``batch`` sent by ``sender`` (``banned`` now or not),
         in order: the first failure's reason, or None if the batch is accepted.
+        ``signed``: its ``codec.canonical_bytes``, when the caller has them.
 
         The log-prob recompute takes a while (the recomputer runs it in a
         worker thread, with other batches of the same version) and the
@@ -220,7 +224,7 @@ class Verifier:
         def nonce_seen(nonce: bytes) -> bool:
             return key in self._in_flight or self.ledger.nonce_accepted(sender, nonce)
 
-        reason = check_batch(batch, sender, self.pool, self.window(), nonce_seen, self.limits, self.cpu)
+        reason = check_batch(batch, sender, self.pool, self.window(), nonce_seen, self.limits, self.cpu, signed)
         if reason is not None:
             return reason
         declared = (batch.backend, batch.dtype, batch.device)
@@ -282,16 +286,18 @@ def check_batch(
     nonce_seen: Callable[[bytes], bool],
     limits: Limits,
     cpu: CpuSplit | None = None,
+    signed: bytes | None = None,
 ) -> str | None:
     """The first reason to refuse ``batch`` sent by ``sender``, or ``None``
-    (the signature check metered in ``cpu``)."""
+    (the signature check metered in ``cpu``; ``signed``: the batch's
+    ``codec.canonical_bytes``, built here when not given)."""
     # The claimed signer must be the peer on the other end of the (Noise-
     # authenticated) connection, and the signature must be theirs.
     if batch.peer_id != sender:
         return WRONG_SIGNER
     try:
         with cpu.phase("signature") if cpu else nullcontext():
-            verify(batch, batch.peer_id)
+            verify_bytes(batch.peer_id, codec.canonical_bytes(batch) if signed is None else signed, batch.signature)
     except SignatureError:
         return BAD_SIGNATURE
     if batch.job_id != limits.job_id:

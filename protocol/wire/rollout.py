@@ -110,11 +110,12 @@ async def submit(stream: ByteStream, batch: RolloutBatch) -> Receipt | ErrorRepl
 
 async def answer(
     stream: ByteStream,
-    judge: Callable[[RolloutBatch], Awaitable[Receipt]],
+    judge: Callable[[RolloutBatch, bytes], Awaitable[Receipt]],
     on_malformed: Callable[[ProtocolError], None],
     on_decoded: Callable[[float], None] = lambda seconds: None,
 ) -> None:
-    """The handler side: read one batch and send ``judge``'s receipt for it.
+    """The handler side: read one batch and send ``judge``'s receipt for it
+    (``judge`` gets the batch and the frame it came in, to keep as it is).
 
     A batch that does not decode is reported to ``on_malformed`` and answered
     with ``ErrorReply("malformed")``; a stream cut mid-frame (a sender that
@@ -135,4 +136,4 @@ async def answer(
         if isinstance(exc, MessageTooLarge):
             raise
         return
-    await framing.send(stream, await judge(batch))
+    await framing.send(stream, await judge(batch, data))

@@ -125,7 +125,7 @@ async def test_an_oversized_batch_ends_its_kept_stream_after_its_answer():
     server_host = make_host(Identity.generate(), [LOOPBACK])
     malformed, judged = [], []
 
-    async def judge(b):  # type: ignore[no-untyped-def]
+    async def judge(b, frame):  # type: ignore[no-untyped-def]
         judged.append(b)
         return ErrorReply("x", "never sent: the test only checks that it is called")
 

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from protocol import codec
 from protocol.errors import DecodeError, StreamClosed
 from protocol.messages import ErrorReply, Manifest
 from protocol.wire import chunk, have, receipts, rollout, work
@@ -60,12 +61,13 @@ async def test_work_handler_refuses_a_request_of_another_kind_unanswered():
 async def test_a_batch_gets_its_receipt():
     judged = []
 
-    async def judge(b):
-        judged.append(b)
+    async def judge(b, frame):
+        judged.append((b, frame))
         return SAMPLES[rollout.Receipt]
 
     reply = await exchange(lambda s: rollout.submit(s, batch()), lambda s: rollout.answer(s, judge, pytest.fail))
-    assert judged == [batch()]
+    # The judge gets the batch and the frame it came in, byte for byte.
+    assert judged == [(batch(), codec.encode(batch()))]
     assert reply == SAMPLES[rollout.Receipt]
 
 
@@ -77,7 +79,7 @@ async def test_a_malformed_batch_is_reported_and_answered_malformed():
         await stream.write((64).to_bytes(4, "big") + b"\xc1" * 64)  # not msgpack
         return await stream.read(4096)
 
-    async def judge(b):
+    async def judge(b, frame):
         raise AssertionError("a malformed batch is never judged")
 
     async with trio.open_nursery() as nursery:
