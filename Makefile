@@ -79,8 +79,8 @@ test-fast: lint install-llama
 
 # Everything but the long end-to-end runs: unit tests, real swarms on
 # loopback, the browser, on both cores (pytest-xdist; the network-namespace
-# tests one module at a time: a lock in tests/net/conftest.py): 12-14 minutes on 2 cores
-# (2026-11-29), 20-22 one test at a time.
+# tests one module at a time: a lock in tests/net/conftest.py): 10-14 minutes on 2 cores
+# (9:24 on 2026-12-01, 14 on 2026-11-29), 20-22 one test at a time.
 test: install-llama install-browser install-net
 	$(PY) -m pytest -q -n 2 -m "not slow"
 

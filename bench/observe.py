@@ -120,7 +120,7 @@ class StatusSampler:
 
 
 def _fixed_work() -> int:
-    """A fixed piece of interpreter work (~3 ms of CPU here): what the
+    """A fixed piece of interpreter work (1.6-2.3 ms of CPU here): what the
     probe times. Pure Python, as most of a swarm's control plane is."""
     total = 0
     for i in range(20_000):
@@ -134,8 +134,8 @@ class SpeedProbe:
     ``every_s``, in a thread of the bench's own process.
 
     Why: a virtual machine's cores run as fast as the host lets them. Here
-    the same work took 27.8-38.6 ms of CPU time in 10-s blocks of two
-    minutes on an idle machine (cv 0.186 per sample), on both cores at once
+    a fixed loop's CPU time in the slowest 10-s block of two idle minutes
+    was 1.39 times the fastest's (cv 0.186 per sample), on both cores at once
     (correlation 0.65), and a busy neighbouring core changed it by 2 %
     (2026-12-01): the host's other tenants, not our processes. A swarm whose
     work is CPU-bound runs slower by as much, so a rate measured in one

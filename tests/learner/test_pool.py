@@ -89,7 +89,9 @@ async def test_prompts_given_back_go_out_again_at_once_and_do_not_lapse(autojump
     p.release("late", given)  # its batch came too late for the window
     assert [a.prompt_id for a in p.take("other", 2, version=1)] == given
     await trio.sleep(61)
-    p.take("third", 2, version=1)  # lapses are charged when prompts are handed out
+    # Lapses are charged when prompts are handed out; the lapsed ones go to a
+    # peer that never held them.
+    assert [a.prompt_id for a in p.take("third", 2, version=1)] == given
     assert struck == ["other"]  # "late" gave them back in time: no strike for it
 
 
@@ -177,12 +179,13 @@ async def test_twins_go_to_two_peers_of_one_version_and_both_count():
         assignment_timeout_s=60,
         memory=1000,
         twin_share=0.5,
+        rng=random.Random(1),  # unseeded, all 8 or none of 8 were twins 1 run in 128
     )
     p.set_open(True)
     mine = p.take("a", 8, version=0)
     assert all(a.twin in (None, a.prompt_id) for a in mine)  # never a's own twin
     firsts = {a.prompt_id: a.prompt.text for a in mine if a.twin is not None}
-    assert 1 <= len(firsts) <= 7  # about half of them (seeded below for the exact share)
+    assert 1 <= len(firsts) <= 7, len(firsts)  # some of them, not all (the share is checked below)
     seconds = p.take("b", len(firsts), version=0)
     assert {a.twin: a.prompt.text for a in seconds} == firsts  # b gets them first, the same prompts
     assert p.take("a", 1, version=0)[0].twin in (None, p.next_prompt_id - 1)  # still nothing of a's own
