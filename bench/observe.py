@@ -72,7 +72,27 @@ def control_ms(split: dict) -> float:
     return round(sum(ms for phase, ms in split["cpu_ms_per_batch"].items() if phase not in NOT_CONTROL), 3)
 
 
-class StatusSampler:
+class _InThread:
+    """A sampler that runs ``_run`` in a daemon thread for the ``with`` block
+    (``_run`` returns once ``self.stop`` is set)."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+class StatusSampler(_InThread):
     """The learner's ``/api/status`` read once a second in a thread during the
     window: how late its event loop ran (past ``--busy-lag-ms`` new work
     requests hear 'busy') and how many steps it made."""
@@ -82,8 +102,7 @@ class StatusSampler:
         self.lags: list[float] = []
         self.first: dict | None = None
         self.last: dict | None = None
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
 
     def _run(self) -> None:
         while not self.stop.wait(1.0):
@@ -95,14 +114,6 @@ class StatusSampler:
             self.first = self.first or status
             self.last = status
             self.lags.append(status["load"]["loop_lag_ms"])
-
-    def __enter__(self) -> StatusSampler:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
 
     def summary(self) -> dict:
         if not self.lags or self.first is None or self.last is None:
@@ -128,7 +139,7 @@ def _fixed_work() -> int:
     return total
 
 
-class SpeedProbe:
+class SpeedProbe(_InThread):
     """How fast this machine ran during a window: a fixed piece of work
     (``_fixed_work``) timed in CPU time, on each of ``cpus`` in turn, every
     ``every_s``, in a thread of the bench's own process.
@@ -147,8 +158,7 @@ class SpeedProbe:
         self.cpus = sorted(cpus)
         self.every_s = every_s
         self.samples: list[tuple[float, int, float]] = []  # (wall-clock time, cpu, CPU seconds of the work)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
 
     def _run(self) -> None:
         while not self.stop.is_set():
@@ -158,14 +168,6 @@ class SpeedProbe:
                 _fixed_work()
                 self.samples.append((time.time(), cpu, time.thread_time() - started))
             self.stop.wait(self.every_s)
-
-    def __enter__(self) -> SpeedProbe:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
 
     def slowness(self, cpu: int | None = None) -> float | None:
         """The work's mean CPU ms over the window (on ``cpu``, or on every

@@ -149,13 +149,19 @@ async def first_chunk(engines, version: int) -> None:
             nursery.start_soon(watch, engine)
 
 
+def holding(root, m, chunks) -> VersionStore:
+    """A store at ``root`` that holds every chunk of ``m``."""
+    store = VersionStore(root, learner_id=LEARNER.peer_id_str, keep=2)
+    store.add_manifest(m)
+    for idx, data in enumerate(chunks):
+        store.save_chunk(m, idx, data)
+        store.mark_held(m.version, idx)
+    return store
+
+
 async def test_a_leecher_with_an_empty_have_waits_while_honest_nodes_download(tmp_path):
     m, chunks = patterned_version(JOB, chunk_size=CHUNK, n_chunks=N_CHUNKS)
-    relay_store = VersionStore(tmp_path / "relay", learner_id=LEARNER.peer_id_str, keep=2)
-    relay_store.add_manifest(m)
-    for idx, data in enumerate(chunks):
-        relay_store.save_chunk(m, idx, data)
-        relay_store.mark_held(m.version, idx)
+    relay_store = holding(tmp_path / "relay", m, chunks)
     # 8 Mbit/s: each honest node needs 1 MiB of it, about a second alone.
     capped = BroadcastConfig(max_upload_mbit=8, discover_interval_s=60)
     got = Tally()
@@ -207,11 +213,7 @@ async def test_a_leecher_looping_refused_requests_is_answered_at_a_pace(tmp_path
     answered ~200 refusals a second; paced (``ratelimit.RefusalPace``), a
     few quick ones, then two a second for the peer over all its lanes."""
     m, chunks = patterned_version(JOB, chunk_size=CHUNK, n_chunks=N_CHUNKS)
-    relay_store = VersionStore(tmp_path / "relay", learner_id=LEARNER.peer_id_str, keep=2)
-    relay_store.add_manifest(m)
-    for idx, data in enumerate(chunks):
-        relay_store.save_chunk(m, idx, data)
-        relay_store.mark_held(m.version, idx)
+    relay_store = holding(tmp_path / "relay", m, chunks)
     got, refusals = Tally(), []
     async with (
         open_swarm(Identity.generate(), LOOPBACK, server=True) as relay_swarm,
