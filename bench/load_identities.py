@@ -34,6 +34,7 @@ started, connected and stuck), ``result`` at the end.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -70,6 +71,7 @@ from protocol.messages import UNSIGNED, ErrorReply  # noqa: E402
 from protocol.net.host import make_host, parse_multiaddr, parse_peer_addr  # noqa: E402
 from protocol.net.swarm import Swarm  # noqa: E402
 from protocol.process import logs, malloc  # noqa: E402
+from protocol.process.gc_pauses import GcPauses  # noqa: E402
 from protocol.rpc import KEPT_REUSE_S, KeptStreams, RequestFailed, request  # noqa: E402
 from protocol.wire import have, rollout, work  # noqa: E402
 from protocol.wire.rollout import Completion, Receipt, RolloutBatch, RolloutGroup  # noqa: E402
@@ -87,6 +89,7 @@ MAX_DELIVERIES = 4  # batches on their way to the learner at once, per identity
 # How long the end may take: deliveries under way (each bounded by
 # SUBMIT_TIMEOUT_S) and a last receipts fetch per identity.
 FINISH_TIMEOUT_S = 120.0
+GC_YOUNG = 50_000  # the learner's --gc-young default
 # 250 identities per third octet: 127.0.X.1-250 (127.0.0.0/8 is all loopback on Linux).
 PER_OCTET = 250
 
@@ -117,8 +120,12 @@ class Tally:
     )
     measuring: bool = False
     window_start: Counter[str] = field(default_factory=Counter)
+    window_end: Counter[str] | None = None  # the counts when the window closed
     cpu_start_s: float = 0.0
     cpu_end_s: float = 0.0
+    # Python's cyclic collector inside the window: its passes stop this
+    # process's event loop, so they show as loop lag.
+    collector: GcPauses = field(default_factory=lambda: GcPauses().start())
 
     def count(self, what: str, n: int = 1) -> None:
         self.counts[what] += n
@@ -142,6 +149,7 @@ class Tally:
     def open_window(self) -> None:
         self.measuring = True
         self.window_start = Counter(self.counts)
+        self.collector.reset()
         for samples in self.latencies.values():
             samples.clear()
         self.cpu_start_s = time.process_time()
@@ -150,9 +158,13 @@ class Tally:
         if self.measuring:
             self.measuring = False
             self.cpu_end_s = time.process_time()
+            self.window_end = Counter(self.counts)
+            self.collector.stop()
 
     def window(self) -> dict[str, int]:
-        return {k: v - self.window_start[k] for k, v in self.counts.items() if v - self.window_start[k]}
+        """What was counted inside the window (not the finish after it)."""
+        end = self.counts if self.window_end is None else self.window_end
+        return {k: v - self.window_start[k] for k, v in end.items() if v - self.window_start[k]}
 
 
 def failure_kind(exc: RequestFailed) -> str:
@@ -289,6 +301,7 @@ class Crowd:
                     # Spread the Noise handshakes: the learner does each on its one core.
                     await trio.sleep(1 / self.args.ramp_per_s)
                 emit("ramped", started=len(self.volunteers))
+                keep_heap()
                 await self.finishing.wait()
                 identities.cancel_scope.deadline = trio.current_time() + FINISH_TIMEOUT_S
             self.tally.close_window()
@@ -297,6 +310,7 @@ class Crowd:
 
     def on_signal(self, signum: int) -> None:
         if signum == signal.SIGUSR1:
+            keep_heap()
             self.tally.open_window()
         elif signum == signal.SIGUSR2:
             self.tally.close_window()
@@ -346,6 +360,7 @@ class Crowd:
             total=dict(t.counts),
             latencies_ms=t.latencies,
             cpu_s=round(t.cpu_end_s - t.cpu_start_s, 3),
+            **t.collector.to_json(),
             # Every receipt that said accepted, by identity: bench/swarm_load.py
             # looks each up in the learner's ledger.
             accepted={v.me: sorted(h.hex() for h in v.accepted) for v in self.volunteers if v.accepted},
@@ -614,6 +629,17 @@ class Volunteer:
                     await stream.close()
                 except PEER_ERRORS:
                     pass  # already reset by the learner
+
+
+def keep_heap() -> None:
+    """Hide what is alive now from the cyclic collector: the identities'
+    hosts, connections and streams live until the process ends, and a full
+    pass over them stopped this process's event loop for up to 1.5 s at 250
+    identities (``gc_max_ms``), which the learner saw as timeouts and lost
+    connections. What is allocated later is still collected, its youngest
+    generation every ``GC_YOUNG`` allocations, as the learner's (``--gc-young``)."""
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
 
 
 def emit(kind: str, **fields: Any) -> None:

@@ -455,6 +455,10 @@ def run_level(identities: int, job: Job, load: Load, root: Path, cpus: tuple[set
         "have": {k: run_total(results, k) for k in ("have_sent", "have_refused", "have_ended", "have_open_failed")},
         "emulator_cpu_share": round(emulator_cpu / elapsed, 3),
         "emulator_loop_lag_p99_ms": percentile(latencies["loop_lag"], 99),
+        # Their cyclic collector's passes in the window, summed over the
+        # processes by generation, and the longest: a pass stops a loop.
+        "emulator_gc_ms": dict(sum((Counter(r["gc_ms"]) for r in results), Counter())),
+        "emulator_gc_max_ms": max(r["gc_max_ms"] for r in results),
         "steps_in_window": after["step"] - before["step"],
         "version": after["version"],
         "learner_refusals_total": after.get("refusals", {}),
@@ -465,6 +469,10 @@ def run_level(identities: int, job: Job, load: Load, root: Path, cpus: tuple[set
     if "load" in after:
         result["load"] = after["load"]  # since the learner started
         result["load_window"] = load_split(before["load"], after["load"])
+        # The learner's own collector in the window (its longest pass: since it started).
+        gc_before, gc_after = Counter(before["load"].get("gc_ms", {})), Counter(after["load"].get("gc_ms", {}))
+        result["learner_gc_ms"] = {g: round(gc_after[g] - gc_before[g], 1) for g in gc_after}
+        result["learner_gc_max_ms"] = after["load"].get("gc_max_ms")
         result["control_ms_per_batch"] = control_ms(result["load_window"])
     if spy is not None:
         result["py_spy"] = spy.top()

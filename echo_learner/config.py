@@ -248,6 +248,13 @@ class LearnerConfig(ConnectionSettings):
         lo=0,
         hi=19,
     )
+    gc_young: int = setting(
+        50_000,
+        "objects allocated between passes of Python's cyclic collector over its youngest generation "
+        "(Python's default: 700); fewer passes see the short-lived objects of each request, and fewer "
+        "of them reach the full passes that stop the event loop (docs/learner.md)",
+        lo=100,
+    )
     torch_threads: int = setting(1, "torch CPU threads for training (per process with --train-procs)", lo=1)
     train_procs: int = setting(
         1,

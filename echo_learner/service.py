@@ -75,6 +75,7 @@ from protocol.net.host import full_addrs, keep_connection, release_connection
 from protocol.net.lan import discover_lan
 from protocol.net.swarm import Swarm, connect_bootstrap, open_swarm
 from protocol.process.files import write_atomic
+from protocol.process.gc_pauses import GcPauses
 from protocol.process.logs import event
 from protocol.process.progress import progress
 from protocol.process.runtime import task_count
@@ -212,6 +213,7 @@ class Learner:
             current_version=lambda: self.version,
         )
         self.lag = LoopLag()
+        self.collector = GcPauses()
         self.work = WorkHandler(config, verifier=self.verifier, pool=self.pool, peers=self.peers, lag=self.lag)
         self.rollouts = RolloutHandler(
             self.identity,
@@ -289,6 +291,7 @@ class Learner:
         from echo_learner.operator.api import serve_api  # the HTTP server, only when running
 
         cfg = self.config
+        thresholds = gc.get_threshold()
         try:
             self.trainer = await trio.to_thread.run_sync(self._make_trainer)
             resumed_version = self._start()
@@ -327,10 +330,14 @@ class Learner:
                 # full passes, each of which stopped the event loop ~0.4 s.
                 gc.collect()
                 gc.freeze()
+                gc.set_threshold(cfg.gc_young, *thresholds[1:])
+                self.collector.start()
                 task_status.started((self.addrs, api_url))
                 await self.train()
                 nursery.cancel_scope.cancel()
         finally:
+            self.collector.stop()
+            gc.set_threshold(*thresholds)
             self.config.api_path.unlink(missing_ok=True)
             with trio.CancelScope(shield=True):
                 try:
@@ -684,6 +691,7 @@ class Learner:
                 **self.verifier.cpu.to_json(),
                 "loop_lag_ms": round(self.lag.lag_s * 1000, 1),
                 "tasks": task_count(),
+                **self.collector.to_json(),  # since the freeze below
             },
         }
 

@@ -116,11 +116,14 @@ class Workers:
     def __len__(self) -> int:
         return len(self._names)
 
+    # Slices joined, not np.insert / np.delete: their argument handling cost
+    # more than moving 1,000 floats (the learner does this at every change).
+
     def set(self, worker: str, end: float, rate: float) -> None:
         self.remove(worker)
-        i = int(np.searchsorted(self._ends, end, side="right"))
-        self._ends = np.insert(self._ends, i, end)
-        self._rates = np.insert(self._rates, i, rate)
+        i = int(self._ends.searchsorted(end, side="right"))
+        self._ends = np.concatenate((self._ends[:i], (end,), self._ends[i:]))
+        self._rates = np.concatenate((self._rates[:i], (rate,), self._rates[i:]))
         self._names.insert(i, worker)
         self._end_of[worker] = end
         self._model = None
@@ -129,9 +132,9 @@ class Workers:
         end = self._end_of.pop(worker, None)
         if end is None:
             return
-        i = self._names.index(worker, int(np.searchsorted(self._ends, end, side="left")))
-        self._ends = np.delete(self._ends, i)
-        self._rates = np.delete(self._rates, i)
+        i = self._names.index(worker, int(self._ends.searchsorted(end, side="left")))
+        self._ends = np.concatenate((self._ends[:i], self._ends[i + 1 :]))
+        self._rates = np.concatenate((self._rates[:i], self._rates[i + 1 :]))
         del self._names[i]
         self._model = None
 
@@ -188,6 +191,9 @@ class Admission:
         self._proven: set[str] = set()
         self._workers = Workers()  # the measured active peers
         self._quiet: list[tuple[float, str]] = []  # (last seen, peer) of active peers; stale ones skipped
+        # Live prompts held by each peer outside ``_proven``, and their sum.
+        self._outside: dict[str, int] = {}
+        self._outside_hold = 0
 
     def view(self) -> View:
         now, wall = trio.current_time(), time.time()
@@ -216,13 +222,14 @@ class Admission:
                     changed.add(peer)
             for peer in changed:
                 self._update(peer, held, since, cutoff)
+                self._count_outside(peer, held)
             if len(self._quiet) > 2 * len(self._active) + 64:  # mostly stale entries
                 self._heap_active()
 
         view = View(
             active=frozenset(self._active),
             proven=frozenset(self._proven),
-            newcomers_hold=sum(map(held.__getitem__, held.keys() - self._proven)),
+            newcomers_hold=self._outside_hold,
             unassigned=self.pool.unassigned(held),
             round=self._workers.model(),
         )
@@ -242,6 +249,16 @@ class Admission:
         self._proven = {s.peer for s in active if s.accepted > 0}
         self._workers = Workers({s.peer: self._worker(s, held, since) for s in active if s.rate > 0})
         self._heap_active()
+        self._outside = {p: n for p, n in held.items() if n and p not in self._proven}
+        self._outside_hold = sum(self._outside.values())
+
+    def _count_outside(self, peer: str, held: Counter[str]) -> None:
+        """``peer``'s share of ``newcomers_hold`` after a change of its
+        prompts or of whether it is proven (the only two it depends on)."""
+        n = 0 if peer in self._proven else held[peer]
+        self._outside_hold += n - self._outside.pop(peer, 0)
+        if n:
+            self._outside[peer] = n
 
     def _heap_active(self) -> None:
         """The quiet heap afresh: one entry per active peer."""

@@ -138,6 +138,7 @@ class PromptPool:
         self.open = False  # the learner opens it once a version is out
         self.min_version = 0  # assignments made before this version are useless
         self._changed = trio.Event()
+        self._room = trio.Event()
         self.expired = 0  # prompts that expired unanswered, ever
         self.on_lapsed = on_lapsed
         self.newcomers: Newcomers = newcomers or NoNewcomers()
@@ -321,7 +322,7 @@ class PromptPool:
                 a.given_back.append(peer)
                 self._live_prompts.release(a)
             a.lapse_charged = True
-        self._notify()
+        self._notify(room=True)
 
     def lookup(self, prompt_id: int) -> Assignment | None:
         return self.assignments.get(prompt_id)
@@ -342,10 +343,10 @@ class PromptPool:
             fresh = deque(r for r in self.buffer if r.version >= min_version)
             if len(fresh) != len(self.buffer):
                 self.buffer = fresh
-                self._notify()  # dropped stale groups: room for more prompts
+                self._notify(room=True)  # dropped stale groups: room for more prompts
             if len(self.buffer) >= size:
                 batch = [self.buffer.popleft() for _ in range(size)]
-                self._notify()
+                self._notify(room=True)
                 return batch
             await self._changed.wait()
 
@@ -357,15 +358,26 @@ class PromptPool:
             for a in self.assignments.values():
                 self._count(a, +1)
             self._live_prompts.rebuild(self.unanswered.values(), min_version, trio.current_time())
-        self._notify()
+        self._notify(room=True)
 
-    async def wait_changed(self) -> None:
-        await self._changed.wait()
+    async def wait_changed(self, *, room: bool = False) -> None:
+        """Until anything changes (an answer, a step, a release, a new
+        round), or with ``room`` until the pool may hand out prompts it could
+        not before: a step took groups from the buffer, a peer gave prompts
+        back, or the round changed (or the next expiry, which nothing
+        announces: the caller's timer). An answer makes no room: its prompt
+        leaves the live ones for the buffer. When the pool is full, a crowd
+        of waiting requests woken by every answer would each look again for
+        nothing."""
+        await (self._room if room else self._changed).wait()
 
-    def _notify(self) -> None:
+    def _notify(self, *, room: bool = False) -> None:
         self._edits += 1
         self._changed.set()
         self._changed = trio.Event()
+        if room:
+            self._room.set()
+            self._room = trio.Event()
 
     # --- checkpoints ---------------------------------------------------------
 

@@ -10,6 +10,7 @@ back when the learner is at capacity or too many requests wait. Runs under
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 import time
@@ -55,6 +56,9 @@ class WorkHandler:
         self.admission = Admission(pool, peers, within_s=config.assignment_timeout_s, group_size=config.group_size)
         self._asking: Counter[str] = Counter()  # work requests under way per peer
         self._waiting = 0  # work requests waiting for the pool to change
+        # When the requests turned away for a full waiting room are due back
+        # (trio clock, a heap; at most max_peers_tracked).
+        self._coming_back: list[float] = []
         # Work requests refused for being over the limit, per peer (bounded:
         # cleared past max_peers_tracked peers).
         self._refusals: Counter[str] = Counter()
@@ -105,13 +109,23 @@ class WorkHandler:
 
     def _retry_after_ms(self) -> int:
         """When a request turned away for a full waiting room should come back:
-        about when the prompts the waiting ones will take have been handed
-        out (at the learner's measured pace), spread over +-25 % so that they
-        do not all come back in the same second."""
-        cfg, meter = self.config, self.meter
+        about when the prompts for those ahead of it have been handed out at
+        the learner's measured pace (a step's prompts a step), spread over
+        +-25 % so that they do not all come back in the same second. Ahead of
+        it: the waiting requests, and those turned away before it that are
+        not back yet. Counting only the waiting ones, a crowd of 1,000 on a
+        full pool was sent back every few seconds, 140 answers a second
+        that gave nobody work."""
+        cfg, meter, now = self.config, self.meter, trio.current_time()
+        while self._coming_back and self._coming_back[0] <= now:
+            heapq.heappop(self._coming_back)
         per_s = cfg.prompts_per_step / meter.step_period_s if meter.step_period_s > 0 else 0.0
-        wait_s = self._waiting / per_s if per_s > 0 else cfg.long_poll_s
-        return int(min(max(wait_s, 1.0), MAX_RETRY_S) * random.uniform(0.75, 1.25) * 1000)
+        ahead = self._waiting + len(self._coming_back)
+        wait_s = ahead / per_s if per_s > 0 else cfg.long_poll_s
+        retry_s = min(max(wait_s, 1.0), MAX_RETRY_S) * random.uniform(0.75, 1.25)
+        if len(self._coming_back) < cfg.max_peers_tracked:
+            heapq.heappush(self._coming_back, now + retry_s)
+        return int(retry_s * 1000)
 
     async def _long_poll(self, peer: str, req: WorkRequest) -> work.Reply:
         """Answer ``req`` with prompts as soon as ``peer`` may have some, or with
@@ -148,7 +162,12 @@ class WorkHandler:
                         continue
                     # An expiring prompt frees room too, and nothing announces it.
                     with trio.move_on_at(self.pool.next_expiry() + 0.01):
-                        await self.pool.wait_changed()
+                        if wanted:
+                            # It may have prompts but the pool has none to hand
+                            # out (shut, or full): only room in the pool helps.
+                            await self.pool.wait_changed(room=True)
+                        else:
+                            await self.pool.wait_changed()
                 finally:
                     self._waiting -= 1
         return NoWork(self.job_id, max(self.current_version(), 0), retry_after_ms=0, reason="no prompts open")

@@ -15,6 +15,7 @@ from echo_learner.ledger import Ledger
 from echo_learner.swarm.capacity import CapacityMeter
 from echo_learner.swarm.loop_lag import LoopLag
 from echo_learner.swarm.peers import PeerBook
+from echo_learner.swarm.pool import Rollouts
 from echo_learner.swarm.rollout_handler import RolloutHandler
 from echo_learner.swarm.work_handler import WorkHandler
 from echo_learner.tasks.reverse import ReverseTask
@@ -164,6 +165,70 @@ async def test_past_the_waiting_room_a_work_request_is_told_when_to_come_back(au
             assert 0.75 * 30_000 <= no_work.retry_after_ms <= 1.25 * 30_000
         # The two in the room waited their long poll out, as before.
         assert [(answers[p][0].retry_after_ms, answers[p][1]) for p in "ab"] == [(0, 30), (0, 30)]
+    finally:
+        ledger.close()
+
+
+async def test_turned_away_requests_are_told_to_come_back_after_those_ahead_of_them(autojump_clock, tmp_path):
+    """Each request turned away for a full waiting room is told to come back
+    after the prompts for those ahead of it (the waiting ones and those
+    turned away before it, not back yet) are out, at the measured pace."""
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    config = LearnerConfig(data_dir=tmp_path, long_poll_s=30, max_waiting_requests=2, prompts_per_step=2)
+    meter = CapacityMeter(60.0)
+    meter.step_period_s = 1.0  # 2 prompts a second
+    peers = PeerBook(strikes_to_ban=3, strike_window_s=600, ban_s=600, max_peers=100)
+    ingest = ingest_for(config, ledger, pool_with_prompt_7(capacity=1), v.Policies(keep=3), peers, meter, 3)
+    try:
+        async with trio.open_nursery() as nursery:
+            for peer in ("a", "b"):
+                nursery.start_soon(ingest.work.reply, peer, "direct", REQUEST)
+            await trio.testing.wait_all_tasks_blocked()
+            told = [(await ingest.work.reply(f"late{i}", "direct", REQUEST)).retry_after_ms for i in range(4)]
+            # 2 waiting, then 0, 1, 2, 3 turned away before: (2 + i) / 2 prompts a second, +-25 %.
+            for i, ms in enumerate(told):
+                assert 0.75 * (2 + i) / 2 * 1000 <= ms <= 1.25 * (2 + i) / 2 * 1000, (i, told)
+            # Once they are due back, only the waiting ones are ahead again.
+            await trio.sleep(max(told) / 1000 + 0.01)
+            again = (await ingest.work.reply("later", "direct", REQUEST)).retry_after_ms
+            assert 0.75 * 1000 <= again <= 1.25 * 1000
+            nursery.cancel_scope.cancel()
+    finally:
+        ledger.close()
+
+
+async def test_on_a_full_pool_waiting_requests_look_again_only_when_room_is_made(autojump_clock, tmp_path):
+    """An answer moves its prompt from the live ones to the buffer and frees
+    nothing: the waiting requests are not woken for it. A step that takes
+    the buffered group makes room, and a waiting one gets the prompt."""
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    pool = pool_with_prompt_7(capacity=1)  # NODE holds the one prompt there is room for
+    config = LearnerConfig(data_dir=tmp_path, long_poll_s=30, max_waiting_requests=8)
+    peers = PeerBook(strikes_to_ban=3, strike_window_s=600, ban_s=600, max_peers=100)
+    ingest = ingest_for(config, ledger, pool, v.Policies(keep=3), peers, CapacityMeter(60.0), 3)
+    takes = []
+    take = pool.take
+    pool.take = lambda peer, n, version: takes.append(peer) or take(peer, n, version)
+    answers = {}
+
+    async def ask(peer):
+        answers[peer] = await ingest.work.reply(peer, "direct", REQUEST)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for peer in ("a", "b", "c"):
+                nursery.start_soon(ask, peer)
+            await trio.testing.wait_all_tasks_blocked()
+            assert sorted(takes) == ["a", "b", "c"] and not answers
+            pool.answer(pool.lookup(7), Rollouts(3, NODE.peer_id_str, None))
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(takes) == 3 and not answers  # nobody looked again
+            assert len(await pool.take_batch(1, min_version=0)) == 1  # a step: room for one prompt
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(takes) == 6  # each looked again once
+            (got,) = answers.values()
+            assert isinstance(got, WorkAssignment) and len(got.prompts) == 1
+            nursery.cancel_scope.cancel()
     finally:
         ledger.close()
 
