@@ -691,7 +691,7 @@ class Learner:
                 **self.verifier.cpu.to_json(),
                 "loop_lag_ms": round(self.lag.lag_s * 1000, 1),
                 "tasks": task_count(),
-                **self.collector.to_json(),  # since the freeze below
+                **self.collector.to_json(),  # since training began (run: after the freeze)
             },
         }
 

@@ -161,13 +161,10 @@ class WorkHandler:
                         await trio.sleep(self.config.newcomer_retry_s)
                         continue
                     # An expiring prompt frees room too, and nothing announces it.
+                    # With ``wanted``, it may have prompts but the pool has none
+                    # to hand out (shut, or full): only room in the pool helps.
                     with trio.move_on_at(self.pool.next_expiry() + 0.01):
-                        if wanted:
-                            # It may have prompts but the pool has none to hand
-                            # out (shut, or full): only room in the pool helps.
-                            await self.pool.wait_changed(room=True)
-                        else:
-                            await self.pool.wait_changed()
+                        await self.pool.wait_changed(room=wanted > 0)
                 finally:
                     self._waiting -= 1
         return NoWork(self.job_id, max(self.current_version(), 0), retry_after_ms=0, reason="no prompts open")
