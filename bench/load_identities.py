@@ -311,12 +311,21 @@ class Crowd:
     def on_signal(self, signum: int) -> None:
         if signum == signal.SIGUSR1:
             keep_heap()
+            self._count_streams()
             self.tally.open_window()
         elif signum == signal.SIGUSR2:
+            self._count_streams()
             self.tally.close_window()
             self.finishing.set()
             for volunteer in self.volunteers:
                 volunteer.working.cancel()
+
+    def _count_streams(self) -> None:
+        """Streams the identities opened to the learner and exchanges they had
+        on kept ones, so far: a new stream costs the learner a negotiation."""
+        kept = [v.streams for v in self.volunteers if v.streams is not None]
+        self.tally.counts["streams_opened"] = sum(k.opened for k in kept)
+        self.tally.counts["streams_reused"] = sum(k.reused for k in kept)
 
     async def _watch_version(self) -> None:
         """Wake the have-writers when the leader has loaded another version."""

@@ -453,6 +453,9 @@ def run_level(identities: int, job: Job, load: Load, root: Path, cpus: tuple[set
         "refusals": {k.split(":", 1)[1]: v for k, v in sorted(window.items()) if k.startswith("refused:")},
         "errors": {k: v for k, v in sorted(window.items()) if is_error(k)},
         "have": {k: run_total(results, k) for k in ("have_sent", "have_refused", "have_ended", "have_open_failed")},
+        # Work and rollout streams in the window: opened (a
+        # negotiation each) or an exchange on a kept one.
+        "streams": {k: window[f"streams_{k}"] for k in ("opened", "reused")},
         "emulator_cpu_share": round(emulator_cpu / elapsed, 3),
         "emulator_loop_lag_p99_ms": percentile(latencies["loop_lag"], 99),
         # Their cyclic collector's passes in the window, summed over the

@@ -32,9 +32,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # A server closes a kept stream that carried nothing for this long; a client
-# reuses one only within KEPT_REUSE_S of its last exchange, well inside it.
-KEPT_IDLE_S = 60.0
-KEPT_REUSE_S = 30.0
+# reuses one only within KEPT_REUSE_S of its last exchange, a minute inside
+# it. Minutes, not seconds: a laptop's assignment and a volunteer resting
+# between assignments outlast 30 s, and a new stream costs the learner ~5x an
+# exchange on a kept one (bench/stream_cost.py). At 1,000 identities offering
+# 70 % of saturation, 30 s of reuse opened a stream for 40 % of exchanges.
+KEPT_IDLE_S = 300.0
+KEPT_REUSE_S = 240.0
 
 
 class RequestFailed(ConnectionError):

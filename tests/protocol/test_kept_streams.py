@@ -112,7 +112,7 @@ async def test_the_server_closes_a_kept_stream_left_idle_and_a_late_reuse_fails_
         with trio.fail_after(5):
             await server.stream_ended.wait()
         # A client that kept it longer than the server's KEPT_IDLE_S (ours keep
-        # it KEPT_REUSE_S, half of it) gets an error, not a hang ...
+        # it KEPT_REUSE_S, a minute less) gets an error, not a hang ...
         with pytest.raises(RequestFailed):
             await ask(streams, server)
         # ... and its next request opens a stream that works.
