@@ -191,12 +191,16 @@ class KeptStreams:
 
     def _take(self, peer: ID, protocol: str) -> tuple[INetStream | None, list[INetStream]]:
         """The newest idle stream still usable, and those too old to use (the
-        server may be closing them) or whose connection is gone."""
+        server may be closing them), that the server closed already, or whose
+        connection is gone. A request sent on a stream the server closed fails
+        and is not resent: a batch would be lost."""
         idle = self._idle.get((peer, protocol), [])
         now, stale = trio.current_time(), []
         while idle:
             stream, since = idle.pop()
-            if now - since < self.idle_s and not getattr(stream.muxed_conn, "is_closed", False):
+            gone = getattr(stream.muxed_conn, "is_closed", False)
+            closed_there = getattr(stream.muxed_stream, "recv_closed", False)  # yamux saw the server's FIN
+            if now - since < self.idle_s and not (gone or closed_there):
                 return stream, stale
             stale.append(stream)
         return None, stale
