@@ -34,7 +34,6 @@ started, connected and stuck), ``result`` at the end.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import os
@@ -71,7 +70,7 @@ from protocol.messages import UNSIGNED, ErrorReply  # noqa: E402
 from protocol.net.host import make_host, parse_multiaddr, parse_peer_addr  # noqa: E402
 from protocol.net.swarm import Swarm  # noqa: E402
 from protocol.process import logs, malloc  # noqa: E402
-from protocol.process.gc_pauses import GcPauses  # noqa: E402
+from protocol.process.gc_pauses import GcPauses, freeze_heap  # noqa: E402
 from protocol.rpc import KEPT_REUSE_S, KeptStreams, RequestFailed, request  # noqa: E402
 from protocol.wire import have, rollout, work  # noqa: E402
 from protocol.wire.rollout import Completion, Receipt, RolloutBatch, RolloutGroup  # noqa: E402
@@ -89,7 +88,6 @@ MAX_DELIVERIES = 4  # batches on their way to the learner at once, per identity
 # How long the end may take: deliveries under way (each bounded by
 # SUBMIT_TIMEOUT_S) and a last receipts fetch per identity.
 FINISH_TIMEOUT_S = 120.0
-GC_YOUNG = 50_000  # the learner's --gc-young default
 # 250 identities per third octet: 127.0.X.1-250 (127.0.0.0/8 is all loopback on Linux).
 PER_OCTET = 250
 
@@ -646,9 +644,8 @@ def keep_heap() -> None:
     pass over them stopped this process's event loop for up to 1.5 s at 250
     identities (``gc_max_ms``), which the learner saw as timeouts and lost
     connections. What is allocated later is still collected, its youngest
-    generation every ``GC_YOUNG`` allocations, as the learner's (``--gc-young``)."""
-    gc.freeze()
-    gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
+    generation as seldom as the learner's (``--gc-young``'s default)."""
+    freeze_heap()
 
 
 def emit(kind: str, **fields: Any) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from protocol.net.connlimits import ConnectionSettings
+from protocol.process import gc_pauses
 from protocol.process.config import setting
 
 
@@ -249,7 +250,7 @@ class LearnerConfig(ConnectionSettings):
         hi=19,
     )
     gc_young: int = setting(
-        50_000,
+        gc_pauses.YOUNG_EVERY,
         "objects allocated between passes of Python's cyclic collector over its youngest generation "
         "(Python's default: 700); fewer passes see the short-lived objects of each request, and fewer "
         "of them reach the full passes that stop the event loop (docs/learner.md)",

@@ -75,7 +75,7 @@ from protocol.net.host import full_addrs, keep_connection, release_connection
 from protocol.net.lan import discover_lan
 from protocol.net.swarm import Swarm, connect_bootstrap, open_swarm
 from protocol.process.files import write_atomic
-from protocol.process.gc_pauses import GcPauses
+from protocol.process.gc_pauses import GcPauses, freeze_heap
 from protocol.process.logs import event
 from protocol.process.progress import progress
 from protocol.process.runtime import task_count
@@ -329,8 +329,7 @@ class Learner:
                 # objects) lives as long as the process: out of the collector's
                 # full passes, each of which stopped the event loop ~0.4 s.
                 gc.collect()
-                gc.freeze()
-                gc.set_threshold(cfg.gc_young, *thresholds[1:])
+                freeze_heap(cfg.gc_young)
                 self.collector.start()
                 task_status.started((self.addrs, api_url))
                 await self.train()

@@ -5,7 +5,8 @@ included, and stops every task for its length: a full pass over a learner
 holding a thousand peers, or an emulator holding 250 identities, took up to
 1.5 s (docs/learner.md, "Many volunteers"). ``GcPauses`` times each pass
 through ``gc.callbacks`` (two ``perf_counter`` calls a pass) so that a late
-loop can be told apart from a busy one.
+loop can be told apart from a busy one; ``freeze_heap`` keeps such passes
+short.
 """
 
 from __future__ import annotations
@@ -13,6 +14,19 @@ from __future__ import annotations
 import gc
 import time
 from collections import Counter
+
+# Allocations between passes over the youngest generation (Python's: 700),
+# the learner's --gc-young default: objects made for one request die before
+# a pass sees them, and fewer reach the full passes.
+YOUNG_EVERY = 50_000
+
+
+def freeze_heap(young_every: int = YOUNG_EVERY) -> None:
+    """Take what is alive now out of every later pass (it lives as long as the
+    process: models, hosts, connections), and pass over the youngest
+    generation every ``young_every`` allocations from now on."""
+    gc.freeze()
+    gc.set_threshold(young_every, *gc.get_threshold()[1:])
 
 
 class GcPauses:
