@@ -49,6 +49,9 @@ class BackendSpec:
     installed: Callable[[], bool]
     install: str  # how to install it, when it is not
     gpu_kinds: Callable[[], list[str]]  # GPU kinds it can use here, best first
+    # The GPU of a kind as the backend itself sees it: its name and free
+    # memory, from the backend's own library (never another backend's).
+    gpu: Callable[[str], Device]
     no_gpu: Callable[[str], str]  # why it cannot use a GPU of that kind here
     report: Callable[[], str]  # what is installed and where it can run, for ``echo-node doctor``
     # Memory (echo_node.memory): bytes a weight takes while a version is
@@ -57,12 +60,16 @@ class BackendSpec:
     # merges LoRA adapters into the weights (else it loads them as adapters),
     # whether it offloads layers to a GPU (so fewer may fit), and what one
     # generate call allocates (``call_need(shape, sequences, prompt_tokens, new_tokens)``).
+    # On a GPU, a backend whose context comes with the model sizes it to the
+    # memory there: up to ``gpu_cells`` cells of ``cell_bytes(shape)`` each.
     converted_bytes: float | None
     kv_cells: int
     merges_lora: bool
     offloads_layers: bool
     call_need: Callable[[ModelShape, int, int, int], Any]  # -> echo_node.memory.Need
     smaller: str = ""  # where to turn when its model does not fit
+    gpu_cells: int = 0
+    cell_bytes: Callable[[ModelShape], int] | None = None
     # The backend itself: make(dtype, threads, work_dir, device).
     make: Callable[[str, int, Path, Device], Backend]
 
@@ -79,6 +86,7 @@ class Backend(Protocol):
     dtype: str  # the precision its log-probs come from: "f32", "f16", "q8_0"
     auto_dtype: bool  # the node may set ``dtype`` to what fits (before the first prepare)
     device: Device  # where it generates
+    kv_cells: int  # KV cells its context holds for the model loaded (0: allocated per generate call)
     # The variant of a base it runs in place of the base when the learner
     # publishes one (``protocol.models.updates.VARIANTS``), or "".
     variant: str

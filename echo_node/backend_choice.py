@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from echo_node.backend import Backend, BackendSpec
-from echo_node.device import Device, DeviceUnavailable, cpu, default_threads, gpu
+from echo_node.device import Device, DeviceUnavailable, cpu, default_threads
 
 
 def specs() -> Iterator[BackendSpec]:
@@ -76,10 +76,10 @@ def choose_device(asked: str, backend: BackendSpec) -> tuple[Device, str]:
     usable = backend.gpu_kinds()
     if asked == "auto":
         if usable:
-            return gpu(usable[0]), f"auto: {backend.name} can use the {usable[0]} GPU"
+            return backend.gpu(usable[0]), f"auto: {backend.name} can use the {usable[0]} GPU"
         return cpu(), f"auto: no GPU {backend.name} can use here"
     if asked == "cpu":
         return cpu(), "asked for with --device"
     if asked in usable:
-        return gpu(asked), "asked for with --device"
+        return backend.gpu(asked), "asked for with --device"
     raise DeviceUnavailable(f"--device {asked}: {backend.no_gpu(asked)}")

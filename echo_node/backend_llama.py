@@ -20,6 +20,7 @@ import importlib.metadata
 import importlib.util
 import logging
 import secrets
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from echo_node.backend import BackendSpec, Sample
 from echo_node.device import Device, cpu
-from echo_node.memory import Need
+from echo_node.memory import Need, kv_bytes_per_token
 from echo_node.model_shape import ModelShape
 from protocol.models import updates
 from protocol.models.gguf_export import f32_tensors, write_gguf
@@ -38,15 +39,25 @@ if TYPE_CHECKING:
     from echo_node.llama_decode import Timing
 
 # Sequences decoded together. With a unified KV cache every token attends over
-# the cells of all sequences (masked), so very wide batches get slower: on the
-# built-in model 256 sequences ran at ~0.5x the tokens/s of 32-64.
+# the cells of all sequences (masked), so very wide batches get slower on a
+# CPU: on the built-in model 256 sequences ran at ~0.5x the tokens/s of 32-64.
 MAX_SEQUENCES = 64
 LLAMA_CELLS = 4096  # the context: KV cells shared by one call's sequences
+# On a GPU a decode step costs about the same for 16 sequences as for 256, so
+# a node decodes as many as llama.cpp allows (LLAMA_MAX_SEQ), in a context
+# sized to the GPU's memory (echo_node.memory.gpu_cells) up to 256 sequences
+# of 256 tokens: 4,096 cells held one group of 16 x 128 new tokens at a time.
+GPU_MAX_SEQUENCES = 256
+GPU_CELLS = 65536
+UBATCH = 512  # tokens llama.cpp computes at once (n_ubatch)
 GGML_TYPE_F32 = 0
 FLASH_ATTN_DISABLED = 0
-GPU_MARKERS = (("CUDA", "cuda"), ("ROCm", "cuda"), ("HIP", "cuda"), ("Metal", "mps"), ("Vulkan", "vulkan"))
+GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR, GGML_LOG_LEVEL_CONT = 3, 4, 5
 
 log = logging.getLogger(__name__)  # llama.cpp's own log, at DEBUG: shown with -v
+# llama.cpp's last log lines (level, text): what it said before a load
+# failed, for the one line the node prints then.
+recent_log: deque[tuple[int, str]] = deque(maxlen=64)
 
 
 def installed() -> bool:
@@ -58,33 +69,45 @@ def installed() -> bool:
 if installed():
     import llama_cpp
 
+    from echo_node import llama_devices
+
     @llama_cpp.llama_log_callback
     def _forward_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         # llama.cpp prints its load log and harmless warnings (e.g. our 4096-cell
         # context exceeds the tiny model's 64 training positions, which is total
         # cells for all sequences, not one sequence's length) to stderr; keep them
-        # for -v only.
-        log.debug("%s", text.decode("utf-8", "replace").rstrip())
+        # for -v only, and the last few for when a load fails.
+        line = text.decode("utf-8", "replace").rstrip()
+        if level == GGML_LOG_LEVEL_CONT and recent_log:  # more of the line before (progress dots)
+            before = recent_log.pop()
+            recent_log.append((before[0], before[1] + line))
+        elif line:
+            recent_log.append((level, line))
+            log.debug("%s", line)
 
     llama_cpp.llama_log_set(_forward_log, ctypes.c_void_p(0))
     llama_cpp.llama_backend_init()
 
 
-def gpu_kind() -> str | None:
-    """The GPU backend the installed llama.cpp was built with, if any."""
-    if not installed() or not llama_cpp.llama_supports_gpu_offload():
-        return None
-    info = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
-    for marker, kind in GPU_MARKERS:
-        if marker in info:
-            return kind
-    return "cuda"  # offload works but names no backend we know: the common case
+def last_words() -> str:
+    """What llama.cpp said last that matters: its last error, else its last
+    warning, else its last line."""
+    for wanted in (GGML_LOG_LEVEL_ERROR, GGML_LOG_LEVEL_WARN, None):
+        for level, line in reversed(recent_log):
+            if wanted is None or level == wanted:
+                return line
+    return "nothing"
+
+
+def gpu_kinds() -> list[str]:
+    """The GPU kinds the installed llama.cpp can offload to, best first."""
+    return llama_devices.gpu_kinds() if installed() else []
 
 
 def no_gpu(kind: str) -> str:
-    found = gpu_kind()
+    found = gpu_kinds()
     if found:
-        return f"the installed llama.cpp offloads to {found}, not {kind}"
+        return f"the installed llama.cpp offloads to {', '.join(found)}, not {kind}"
     return (
         "the installed llama.cpp was built without GPU offload: reinstall llama-cpp-python with "
         "CMAKE_ARGS=-DGGML_CUDA=on (or -DGGML_METAL=on, -DGGML_VULKAN=on; README, 'A gaming PC')"
@@ -98,9 +121,17 @@ def call_need(shape: ModelShape, sequences: int, prompt_tokens: int, new_tokens:
     return Need(buffers=sequences * shape.vocab * (4 + 4 + 4))
 
 
+def cell_bytes(shape: ModelShape) -> int:
+    """What one context cell costs: its f32 key and value in every layer and,
+    without flash attention, one ubatch's attention scores over it (every
+    head's, and the mask): 10 KiB a cell for 4 heads, 6 for 2, measured on
+    the CPU build's compute buffer."""
+    return kv_bytes_per_token(shape) + UBATCH * 4 * (shape.heads + 1)
+
+
 def report() -> str:
-    gpu = gpu_kind()
-    offload = f"GPU offload: {gpu}" if gpu else "CPU only: built without GPU offload"
+    gpus = ", ".join(f"{d.kind} ({d.name})" for d in llama_devices.gpu_devices())
+    offload = f"GPU offload: {gpus}" if gpus else "CPU only: built without GPU offload"
     return f"llama.cpp {importlib.metadata.version('llama-cpp-python')} ({offload})"
 
 
@@ -114,7 +145,8 @@ SPEC = BackendSpec(
         'llama.cpp is not installed: pip install "echo-swarm[llama]" (from the repository: '
         "pip install -e '.[llama]'; it builds llama.cpp, which takes a few minutes)"
     ),
-    gpu_kinds=lambda: [k for k in [gpu_kind()] if k],
+    gpu_kinds=gpu_kinds,
+    gpu=lambda kind: llama_devices.gpu(kind),
     no_gpu=no_gpu,
     report=report,
     converted_bytes=4,  # the GGUF export widens every tensor to f32 first
@@ -122,6 +154,8 @@ SPEC = BackendSpec(
     merges_lora=False,
     offloads_layers=True,
     call_need=call_need,
+    gpu_cells=GPU_CELLS,
+    cell_bytes=cell_bytes,
     make=lambda dtype, threads, work_dir, device: LlamaBackend(dtype, threads, work_dir, device),
 )
 
@@ -182,7 +216,10 @@ class LlamaBackend:
         self.gpu_layers = -1 if self.device.gpu else 0
         self.threads = threads
         self.work_dir = work_dir
-        self.context = context  # KV cells shared by all sequences of one batch
+        # KV cells shared by all sequences of one batch (a node on a GPU
+        # sizes them to its memory first: echo_node.memory.fit_backend).
+        self.kv_cells = context
+        self.max_sequences = GPU_MAX_SEQUENCES if self.device.gpu else MAX_SEQUENCES  # decoded together
         self.loaded: Loaded | None = None
         self._base: Model | None = None  # the LoRA base model versions' adapters apply to
         self.prepared = 0  # numbers the files: a version never overwrites the one in use
@@ -247,10 +284,11 @@ class LlamaBackend:
         self.prepared += 1
         path = self.work_dir / f"policy-{self.prepared}-lora.gguf"
         write_lora_gguf(config_json, f32_tensors(adapter), checked.alpha, path)
+        recent_log.clear()
         lora = llama_cpp.llama_adapter_lora_init(base.handle, str(path).encode())
         path.unlink()  # llama.cpp has read it into its own buffers
         if not lora:
-            raise LlamaError("llama.cpp could not load the LoRA adapter")
+            raise self._error("load the LoRA adapter")
         loaded = self._context(base)
         loaded.adapter = lora
         if (
@@ -260,7 +298,7 @@ class LlamaBackend:
             != 0
         ):
             loaded.free()
-            raise LlamaError("llama.cpp could not set the LoRA adapter")
+            raise self._error("set the LoRA adapter")
         return loaded
 
     def _load_model(self, config_json: str, weights: bytes, variant: str = "") -> Model:
@@ -273,6 +311,7 @@ class LlamaBackend:
             write_atomic(path, weights)
         else:
             write_gguf(config_json, f32_tensors(weights), path, self.dtype)
+        recent_log.clear()  # what it says from here is about this load
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = self.gpu_layers
         # No repacked weight layouts (AMX, CPU_REPACK): on Sapphire Rapids CPUs
@@ -282,15 +321,15 @@ class LlamaBackend:
         model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
         if not model:
             path.unlink(missing_ok=True)
-            raise LlamaError(f"llama.cpp could not load {path}")
+            raise self._error(f"load {path.name}")
         return Model(path, model)
 
     def _context(self, model: Model) -> Loaded:
         """A context to generate with on ``model`` (which it then holds)."""
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = params.n_batch = self.context
-        params.n_ubatch = min(self.context, 512)
-        params.n_seq_max = MAX_SEQUENCES
+        params.n_ctx = params.n_batch = self.kv_cells
+        params.n_ubatch = min(self.kv_cells, UBATCH)
+        params.n_seq_max = self.max_sequences
         params.kv_unified = True  # the group's sequences share their prompt's cells
         params.n_threads = params.n_threads_batch = self.threads
         # An f32 KV cache without flash attention, whatever the weights' dtype:
@@ -299,12 +338,18 @@ class LlamaBackend:
         params.type_k = params.type_v = GGML_TYPE_F32
         params.flash_attn_type = FLASH_ATTN_DISABLED
         model.users += 1
+        recent_log.clear()
         ctx = llama_cpp.llama_init_from_model(model.handle, params)
         if not ctx:
             model.release()
-            raise LlamaError("llama.cpp could not create a context")
+            raise self._error("create a context")
         n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model.handle))
         return Loaded(model, ctx, n_vocab, llama_cpp.llama_n_ctx(ctx))
+
+    def _error(self, what: str) -> LlamaError:
+        """``what`` failed: one line with llama.cpp's last words and what to try instead."""
+        instead = "--device cpu or --backend torch" if self.device.gpu else "--backend torch"
+        return LlamaError(f"llama.cpp could not {what} on {self.device.name}: {last_words()} (try {instead})")
 
     def use(self, loaded: Loaded) -> None:
         """Generate with ``loaded`` from now on; free the version it replaces."""
@@ -341,7 +386,7 @@ class LlamaBackend:
         generation = Generation(
             self.loaded.ctx,
             n_ctx=self.loaded.n_ctx,
-            max_sequences=MAX_SEQUENCES,
+            max_sequences=self.max_sequences,
             prompts=prompts,
             group_size=group_size,
             max_new_tokens=max_new_tokens,

@@ -7,16 +7,46 @@ from collections.abc import Callable
 
 import torch
 from safetensors.torch import load
-from transformers import CONFIG_MAPPING, AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList, PreTrainedModel
+from transformers import (
+    CONFIG_MAPPING,
+    AutoModelForCausalLM,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+    StaticCache,
+)
 
 from echo_node.backend import BackendSpec, Sample
-from echo_node.device import Device, cpu, torch_gpu_kinds
+from echo_node.device import Device, cpu, ram_usage
 from echo_node.memory import Need, kv_bytes_per_token
 from echo_node.model_shape import ModelShape
 from protocol.models import updates
 from protocol.models.families import family_of
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def gpu_kinds() -> list[str]:
+    """GPU kinds the installed torch can run on, best first."""
+    kinds = []
+    if torch.cuda.is_available():
+        kinds.append("cuda")
+    if torch.backends.mps.is_available():
+        kinds.append("mps")
+    return kinds
+
+
+def cuda_usage() -> tuple[int, int]:
+    return int(torch.cuda.mem_get_info()[0]), int(torch.cuda.memory_reserved())
+
+
+def gpu(kind: str) -> Device:
+    """The GPU of ``kind`` with its free memory."""
+    if kind == "cuda":
+        return Device("cuda", torch.cuda.get_device_name(), cuda_usage()[0], usage=cuda_usage)
+    # Apple GPUs share the RAM: what torch may still allocate there.
+    limit = torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory()
+    return Device("mps", "Apple GPU (Metal)", max(0, int(limit)), usage=ram_usage)
 
 
 def auto_dtype(device: Device) -> str:
@@ -36,6 +66,7 @@ def no_gpu(kind: str) -> str:
 
 
 def call_need(shape: ModelShape, sequences: int, prompt_tokens: int, new_tokens: int) -> Need:
+    # Each call's own static cache, sized to it (TorchBackend.generate).
     cache = kv_bytes_per_token(shape) * sequences * (prompt_tokens + new_tokens)
     # Nothing is kept across steps (_SampledLogprobs), but one step's logits
     # live in several copies at once (the model's output, generate's f32
@@ -57,9 +88,10 @@ SPEC = BackendSpec(
     auto_dtypes=("f32",),  # on the CPU; a GPU's auto dtype is auto_dtype(device)'s
     installed=lambda: True,  # a dependency of the node itself
     install="",
-    gpu_kinds=torch_gpu_kinds,
+    gpu_kinds=gpu_kinds,
+    gpu=gpu,
     no_gpu=no_gpu,
-    report=lambda: f"torch {torch.__version__} ({', '.join(torch_gpu_kinds()) or 'CPU only'})",
+    report=lambda: f"torch {torch.__version__} ({', '.join(gpu_kinds()) or 'CPU only'})",
     converted_bytes=None,  # tensors load as published
     kv_cells=0,
     merges_lora=True,
@@ -75,6 +107,7 @@ class TorchBackend:
     name = SPEC.name
     auto_dtype = False  # the dtype follows the device (auto_dtype()), not free memory
     variant = ""  # it runs bases as published
+    kv_cells = 0  # its KV cache is each generate call's own
 
     def __init__(self, threads: int, device: Device | None = None, dtype: str = "auto"):
         torch.set_num_threads(threads)
@@ -179,6 +212,13 @@ class TorchBackend:
             input_ids[i, width - len(r) :] = torch.tensor(r)
             attention[i, width - len(r) :] = 1
         sampled = _SampledLogprobs(temperature, len(rows), max_new_tokens, self._torch_device)
+        # A static cache of this call's own size: generate's own
+        # (cache_implementation="static") is kept on the model and never
+        # shrinks, so a call with more rows after a longer one held rows x
+        # the longest length seen (64 x 1,000 tokens: 533 MB where this call
+        # needs 31, tests/node/test_memory.py). Allocated once, unlike a
+        # dynamic cache that is copied as it grows.
+        cache = StaticCache(config=self.model.config, max_cache_len=width + max_new_tokens)
         sequences = self.model.generate(
             input_ids=input_ids.to(self._torch_device),
             attention_mask=attention.to(self._torch_device),
@@ -190,7 +230,13 @@ class TorchBackend:
             eos_token_id=list(stop_ids),
             pad_token_id=pad,
             logits_processor=LogitsProcessorList([sampled]),
-            cache_implementation="static",
+            cache=cache,
+            # generate compiles the decode step for a static cache on cuda,
+            # xpu and mps (CUDA graphs): a new compile for each new row count
+            # and new graphs for each new cache, which stalled a GPU node
+            # for minutes (docs/inference.md); eager decoding ran at 1.04 x a
+            # bare KV-cache loop there.
+            disable_compile=True,
         )
         new = sequences[:, width:].cpu()
         logprobs = sampled.finish(sequences).cpu()

@@ -345,6 +345,15 @@ def join(config: NodeConfig, learner_addrs: tuple[str, ...], *, verbose: bool) -
     except (BadMultiaddr, BackendUnavailable) as exc:
         fail(PROG, str(exc))
     print(f"backend: {backend.name} {'dtype auto' if backend.auto_dtype else backend.dtype} ({why})", flush=True)
+    if backend.device.gpu:
+        # A GPU backend that crashes or stalls does so at its first load:
+        # tried on a tiny model in a child process first, it is one line here.
+        from echo_node.backend_trial import try_backend
+
+        trial = try_backend(backend.name, config.dtype, backend.device.kind)
+        if not trial.ok:
+            fail(PROG, trial.line)
+        print(f"gpu: {trial.line}", flush=True)
     identity = load_or_exit(PROG, config.identity_path)
     node = Node(config, identity, backend, learner_addrs)
 

@@ -6,13 +6,18 @@ installed torch was built with them; llama.cpp only when llama-cpp-python was
 built with a GPU backend, README "A gaming PC"), else the CPU. Asking for a
 device that is not there is refused with what to install
 (``BackendSpec.no_gpu``), never silently run on the CPU.
+
+A GPU is described by the backend that runs on it (``BackendSpec.gpu``):
+torch through ``torch.cuda``, llama.cpp through its own device list. A
+llama.cpp node never asks torch: torch's CUDA in the same process as
+llama.cpp's crashed its model load on an H200 (docs/inference.md, "A gaming PC").
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 DEVICES = ("auto", "cpu", "cuda", "mps", "vulkan")
 
@@ -21,11 +26,28 @@ class DeviceUnavailable(RuntimeError):
     """The asked-for device cannot be used here; the message says why."""
 
 
+def available_ram() -> int:
+    """Bytes of RAM available to new work (MemAvailable on Linux)."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def ram_usage() -> tuple[int, int]:
+    """RAM available now, and what this process holds (its RSS)."""
+    import psutil
+
+    return available_ram(), int(psutil.Process(os.getpid()).memory_info().rss)
+
+
 @dataclass(frozen=True)
 class Device:
     kind: str  # cpu, cuda, mps, vulkan
     name: str  # for people: "CPU (8 cores)", "NVIDIA GeForce RTX 4090"
-    memory: int  # bytes free for a model on it now (RAM for the CPU); 0: unknown
+    memory: int  # bytes free for a model on it when it was chosen (RAM for the CPU); 0: unknown
+    # Bytes free on it now and bytes this process holds there, read as the
+    # backend that runs on it reads them (``echo_node.memory.free_bytes``).
+    usage: Callable[[], tuple[int, int]] = field(default=ram_usage, compare=False, repr=False)
 
     @property
     def gpu(self) -> bool:
@@ -40,45 +62,8 @@ def default_threads() -> int:
     return max(1, cores - 1)
 
 
-def available_ram() -> int:
-    """Bytes of RAM available to new work (MemAvailable on Linux)."""
-    import psutil
-
-    return int(psutil.virtual_memory().available)
-
-
 def cpu() -> Device:
     import psutil
 
     cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
     return Device("cpu", f"CPU ({cores} cores)", available_ram())
-
-
-def torch_gpu_kinds() -> list[str]:
-    """GPU kinds the installed torch can run on, best first."""
-    if importlib.util.find_spec("torch") is None:
-        return []
-    import torch
-
-    kinds = []
-    if torch.cuda.is_available():
-        kinds.append("cuda")
-    if torch.backends.mps.is_available():
-        kinds.append("mps")
-    return kinds
-
-
-def gpu(kind: str) -> Device:
-    """A GPU of ``kind`` with its free memory (0 where nothing tells it)."""
-    if kind == "cuda" and "cuda" in torch_gpu_kinds():
-        import torch
-
-        free, _total = torch.cuda.mem_get_info()
-        return Device("cuda", torch.cuda.get_device_name(), int(free))
-    if kind == "mps" and "mps" in torch_gpu_kinds():
-        import torch
-
-        # Apple GPUs share the RAM: what torch may still allocate there.
-        limit = torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory()
-        return Device("mps", "Apple GPU (Metal)", max(0, int(limit)))
-    return Device(kind, f"{kind} GPU (llama.cpp)", 0)

@@ -5,6 +5,8 @@ Each check gives ``ok``, ``warn`` (works, but worse than it could) or ``fail``
 is ok, what to do about it. In order:
 
   backends    llama.cpp / torch installed, GPU offload or CUDA available
+  gpu         on a GPU: the chosen backend loads and decodes a tiny model there
+              (in a child process, so that a crash is a finding)
   node        whether a node is running with this data dir (then left alone)
   bootstrap   each bootstrap peer answers a ping
   job         the job's record is in the DHT and its learner signature is valid
@@ -36,6 +38,7 @@ from libp2p.peer.peerinfo import PeerInfo
 
 from echo_node import status
 from echo_node.backend_choice import BackendUnavailable, choose, spec_of, specs
+from echo_node.backend_trial import try_backend
 from echo_node.config import NodeConfig
 from echo_node.device import Device, cpu
 from echo_node.memory import GiB, choose_dtype, free_bytes, gib, load_need
@@ -89,6 +92,19 @@ def check_backends(config: NodeConfig) -> Check:
         active + "; a GPU is present but unused",
         "install a GPU build (README, 'A gaming PC') or pass --device",
     )
+
+
+def check_gpu(config: NodeConfig) -> Check | None:
+    """The chosen GPU backend loads and decodes a tiny model, tried in a child
+    process (``echo_node.backend_trial``: a crash is a finding); None on the CPU."""
+    try:
+        backend, _ = choose(config.backend, config.dtype, config.threads, config.gguf_dir, config.device)
+    except BackendUnavailable:
+        return None  # check_backends says why
+    if not backend.device.gpu:
+        return None
+    trial = try_backend(backend.name, config.dtype, backend.device.kind)
+    return Check("gpu", OK if trial.ok else FAIL, trial.detail, trial.instead and f"try {trial.instead}")
 
 
 def _has_nvidia_gpu() -> bool:
@@ -151,6 +167,9 @@ async def diagnose(config: NodeConfig, learner_addrs: tuple[str, ...], timeout_s
     one needs (a bootstrap peer that answers, the job's record) ends the
     run when it is missing."""
     checks = [check_backends(config)]
+    gpu = check_gpu(config)
+    if gpu is not None:
+        checks.append(gpu)
     listen = config.listen
     running = _running_node(config)
     if running is not None:

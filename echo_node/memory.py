@@ -15,11 +15,10 @@ really allocate.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from echo_node.device import Device, available_ram
+from echo_node.device import Device
 from echo_node.model_shape import ModelShape
 from echo_node.refusals import Refused
 
@@ -66,11 +65,19 @@ def kv_bytes_per_token(shape: ModelShape) -> int:
     return 2 * shape.layers * shape.kv_heads * shape.head_dim * KV_BYTES  # keys and values
 
 
-def load_need(shape: ModelShape, backend: BackendSpec, dtype: str, *, variant: str = "", lora: bool = False) -> Need:
+def load_need(
+    shape: ModelShape,
+    backend: BackendSpec,
+    dtype: str,
+    *,
+    variant: str = "",
+    lora: bool = False,
+    cells: int | None = None,
+) -> Need:
     """Building a version (while the one before still generates, and is
     counted as in use): the model in ``dtype`` and, for llama.cpp, the
-    context's KV cache (allocated when the model loads), with what it is
-    built from:
+    context's KV cache (allocated when the model loads: ``cells``, by default
+    the backend's on the CPU), with what it is built from:
 
     - the published file (in the model's own dtype, ``shape.wire_bytes`` a
       weight) and its tensors being converted (torch: loaded as published;
@@ -91,8 +98,22 @@ def load_need(shape: ModelShape, backend: BackendSpec, dtype: str, *, variant: s
         converted = shape.wire_bytes if backend.converted_bytes is None else backend.converted_bytes
         per_weight = WEIGHT_BYTES[dtype] + shape.wire_bytes + converted
     weights = int(shape.parameters * per_weight)
-    cache = kv_bytes_per_token(shape) * backend.kv_cells
+    cache = kv_bytes_per_token(shape) * (backend.kv_cells if cells is None else cells)
     return Need(weights=weights, cache=cache)
+
+
+def gpu_cells(shape: ModelShape, backend: BackendSpec, dtype: str, free: int) -> int:
+    """KV cells for a context that comes with the model, on a GPU with
+    ``free`` bytes: what is left beside the model, with room for the next
+    version's model while this one generates, a quarter of it for the
+    context (the next version's context and its host-side conversion need
+    room too), in cells of ``backend.cell_bytes``; up to ``backend.gpu_cells``
+    and never fewer than on the CPU (then fewer layers go to the GPU)."""
+    if not backend.gpu_cells or backend.cell_bytes is None:
+        return backend.kv_cells
+    left = free - 2 * shape.parameters * WEIGHT_BYTES[dtype]
+    cells = max(0, left) // (4 * backend.cell_bytes(shape)) // 256 * 256
+    return int(max(backend.kv_cells, min(backend.gpu_cells, cells)))
 
 
 def gpu_layers(shape: ModelShape, dtype: str, free: int, cells: int) -> int:
@@ -114,18 +135,7 @@ def call_need(shape: ModelShape, backend: BackendSpec, sequences: int, prompt_to
 def free_bytes(device: Device, max_memory: int) -> int:
     """What new allocations may take now: the device's free memory less
     ``HEADROOM``, and never past ``max_memory`` (0: no cap) for this process."""
-    if device.kind == "cuda":
-        import torch
-
-        free = int(torch.cuda.mem_get_info()[0])
-        used = int(torch.cuda.memory_reserved())
-    elif device.kind == "cpu" or device.kind == "mps":  # Apple GPUs share the RAM
-        import psutil
-
-        free = available_ram()
-        used = int(psutil.Process(os.getpid()).memory_info().rss)
-    else:  # a llama.cpp GPU nothing tells the size of: the user's cap alone
-        free, used = device.memory or 1 << 60, 0
+    free, used = device.usage()
     if max_memory:
         free = min(free, max_memory - used)
     return max(0, free - HEADROOM)
@@ -149,14 +159,16 @@ def choose_dtype(shape: ModelShape, backend: BackendSpec, asked: str, free: int)
 def fit_backend(backend: Backend, shape: ModelShape, free: int) -> Need:
     """Fit ``backend`` to a job's model:
     its dtype (``auto``: the most exact that fits ``free``) and, for a
-    backend that offloads layers to a GPU, how many. Raises ``Refused`` when
-    nothing fits; returns what loading a version will need."""
+    backend that offloads layers to a GPU, its context's cells there and how
+    many layers. Raises ``Refused`` when nothing fits; returns what loading
+    a version will need."""
     dtype = choose_dtype(shape, backend.spec, "auto" if backend.auto_dtype else backend.dtype, free)
     if backend.auto_dtype:
         backend.dtype, backend.auto_dtype = dtype, False
     if backend.spec.offloads_layers and backend.device.gpu:
-        backend.gpu_layers = gpu_layers(shape, dtype, free, backend.spec.kv_cells)  # type: ignore[attr-defined]
-    return load_need(shape, backend.spec, dtype)
+        backend.kv_cells = gpu_cells(shape, backend.spec, dtype, free)
+        backend.gpu_layers = gpu_layers(shape, dtype, free, backend.kv_cells)  # type: ignore[attr-defined]
+    return load_need(shape, backend.spec, dtype, cells=backend.kv_cells)
 
 
 def prompts_per_call(

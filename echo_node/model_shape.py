@@ -40,6 +40,7 @@ class ModelShape:
     parameters: int
     vocab: int
     layers: int
+    heads: int
     kv_heads: int
     head_dim: int
     context: int
@@ -72,6 +73,7 @@ def model_shape(config_json: str) -> ModelShape:
         parameters=embeddings + layers * per_layer + hidden,
         vocab=vocab,
         layers=layers,
+        heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
         context=context,

@@ -190,7 +190,8 @@ class Weights:
         file goes to the backend as it is: llama.cpp checks its tensors
         against the hyperparameters it carries."""
         shape = model_shape(config_json) if variant else check_version(config_json, weights)
-        need, free = load_need(shape, self.backend.spec, self.backend.dtype, variant=variant), self.free()
+        need = load_need(shape, self.backend.spec, self.backend.dtype, variant=variant, cells=self.backend.kv_cells)
+        free = self.free()
         if need.total > free:
             raise Refused(f"this version needs about {need.describe()}; {gib(free)} is free")
         try:

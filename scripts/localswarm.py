@@ -94,14 +94,21 @@ class LocalSwarm:
         )
 
     def start_node(
-        self, index: int, *extra: str, invite: str = "", program: tuple[str, ...] = ("echo_node",)
+        self,
+        index: int,
+        *extra: str,
+        invite: str = "",
+        program: tuple[str, ...] = ("echo_node",),
+        env: dict[str, str] | None = None,
     ) -> subprocess.Popen:
         """A node joined through the bootstrap peer, or with only ``invite``;
-        ``program``: what runs ``join`` (a node changed by bench/cheats.py)."""
+        ``program``: what runs ``join`` (a node changed by bench/cheats.py);
+        ``env``: variables added to its environment."""
         how = [invite] if invite else ["--bootstrap", self.bootstrap_addr]
         return self._spawn(
             f"node{index}",
             [*program, "join", *how, "--listen", self.listen, "--data-dir", str(self.root / f"node{index}"), *extra],
+            env,
         )
 
     def run(self, name: str, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:

@@ -13,6 +13,27 @@ os.environ["ECHO_NODE_MDNS"] = "false"
 os.environ["ECHO_LEARNER_MDNS"] = "false"
 
 
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """The built-in model taught the reverse task to near-determinism
+    (bench/policies.py, 11 s on 2 cores). Trained once per test run: both
+    xdist workers need it, so the first leaves its weights for the other."""
+    import torch
+    from policies import reverse_trained
+
+    from echo_learner.training.model import build_model
+    from tests.shared import shared_between_workers
+
+    with shared_between_workers(tmp_path_factory, "trained-reverse.pt") as (path, exists):
+        if exists:
+            model = build_model()
+            model.load_state_dict(torch.load(path, weights_only=True))
+            return model.eval()
+        model = reverse_trained()
+        torch.save(model.state_dict(), path)
+        return model
+
+
 @pytest.fixture
 def swarm_factory(tmp_path):
     """Start real bootstrap/learner/node processes; all are stopped at teardown."""

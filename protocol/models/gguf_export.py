@@ -49,12 +49,28 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def f32_tensors(weights: bytes) -> dict[str, np.ndarray]:
-    """A safetensors file's tensors as float32 arrays, whatever dtype they
-    travelled in (numpy has no bfloat16, so they go through torch)."""
-    from safetensors.torch import load
+# safetensors dtypes a weight may travel in, as numpy reads them (bfloat16,
+# which numpy lacks, is widened by hand: its bits are float32's upper half).
+FLOAT_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
 
-    return {name: t.float().numpy() for name, t in load(weights).items()}
+
+def f32_tensors(weights: bytes) -> dict[str, np.ndarray]:
+    """A safetensors file's tensors as float32 arrays, whatever float dtype
+    they travelled in. With numpy alone: a llama.cpp node never imports torch
+    (torch's CUDA beside llama.cpp's crashed its model load, docs/inference.md)."""
+    from safetensors import deserialize
+
+    tensors = {}
+    for name, view in deserialize(weights):  # the library checks the header and offsets
+        data, dtype = view["data"], view["dtype"]
+        if dtype == "BF16":
+            array = (np.frombuffer(data, np.uint16).astype(np.uint32) << 16).view(np.float32)
+        elif dtype in FLOAT_DTYPES:
+            array = np.frombuffer(data, FLOAT_DTYPES[dtype]).astype(np.float32)
+        else:
+            raise UnsupportedModel(f"{name} is {dtype}: weights travel as F32, F16 or BF16")
+        tensors[name] = array.reshape(view["shape"])
+    return tensors
 
 
 class TensorNames:

@@ -13,14 +13,14 @@ from collections import Counter
 
 import pytest
 import torch
+from policies import EOS, policies, sharpened
 
 from echo_learner.training.logprobs import grouped_logprobs
-from echo_learner.training.model import ModelShape, build_model, config_json
+from echo_learner.training.model import build_model, config_json
 from echo_learner.training.trainer import Objective, Trainer
 from echo_learner.verify.tolerance import tolerance
 from echo_node.backend_choice import llama_installed
 from tests.families import randomize_adapter
-from tests.shared import shared_between_workers
 
 pytestmark = pytest.mark.skipif(
     not llama_installed(), reason="llama.cpp not installed: pip install -e '.[llama]' (make test does)"
@@ -30,52 +30,6 @@ pytestmark = pytest.mark.skipif(
 # f16's worst token on the "trained" version ranged 3.4e-3 to 1.45e-2 between
 # runs (llama.cpp's f16 matmul order); verification allows 0.1.
 PARITY = {"f32": 1e-3, "f16": 3e-2}
-EOS = 258
-
-
-def sharpened(seed):
-    """A version with near-certain and unlikely tokens (the hard cases for parity)."""
-    model = build_model(ModelShape(seed=seed))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(1.0 + seed)
-    return model.eval()
-
-
-@pytest.fixture(scope="session")
-def trained(tmp_path_factory):
-    """The built-in model taught the reverse task to near-determinism (supervised,
-    11 s on 2 cores): as sharp as a policy after thousands of GRPO steps.
-    Trained once per test run: both xdist workers need it, so the first
-    leaves its weights for the other."""
-    with shared_between_workers(tmp_path_factory, "trained-reverse.pt") as (path, exists):
-        model = build_model()
-        if exists:
-            model.load_state_dict(torch.load(path, weights_only=True))
-            return model.eval()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-        rng = random.Random(0)
-        for _ in range(300):
-            rows = []
-            for _ in range(64):
-                s = [rng.randrange(97, 101) for _ in range(3)]
-                rows.append([257, *s, 61, *s[::-1], EOS])
-            ids = torch.tensor(rows)
-            loss = model(input_ids=ids, labels=ids).loss
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        torch.save(model.state_dict(), path)
-        return model.eval()
-
-
-def policies(trained):
-    """Initial, ``trained``, and with every weight doubled and tripled (huge
-    activations: the hardest case for rounding we found)."""
-    yield "initial", build_model().eval()
-    yield "trained", trained
-    yield "x2", sharpened(1)
-    yield "x3", sharpened(2)
 
 
 def weights(model):

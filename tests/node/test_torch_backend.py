@@ -5,6 +5,7 @@ step by step into a static KV cache without keeping every step's logits."""
 
 import pytest
 import torch
+from transformers import CompileConfig
 
 from echo_learner.training.lora import state_bytes
 from echo_learner.training.model import config_json
@@ -46,4 +47,26 @@ def test_a_sample_ends_at_its_first_stop_token():
     samples = backend.generate([(257, 97)], 8, NEW, 1.0, (STOP,))[0]
     assert all(s.tokens[-1] == STOP and STOP not in s.tokens[:-1] for s in samples)
     assert min(len(s.tokens) for s in samples) < NEW
+    backend.close()
+
+
+def test_generation_never_compiles_even_where_transformers_would(monkeypatch):
+    """transformers' generate compiles the decode step for a static cache on
+    cuda, xpu and mps, recompiling for every new row count (a GPU node stalled
+    for minutes, issue 71). Here it is told to compile on every device, the
+    CPU too: the backend must still decode eagerly."""
+    model = tiny_model("llama").eval()
+    backend = TorchBackend(threads=1)
+    backend.load(config_json(model), state_bytes(model))
+    everywhere = CompileConfig()
+    everywhere._compile_all_devices = True
+    backend.model.generation_config.compile_config = everywhere
+
+    def compile(*args, **kwargs):
+        raise AssertionError("torch.compile reached through the torch backend")
+
+    monkeypatch.setattr(torch, "compile", compile)
+    for rows in (1, 3):  # a new row count: where a compiled decode step recompiles
+        groups = backend.generate([(257, 97)] * rows, 2, 4, 1.0, ())
+        assert [len(g) for g in groups] == [2] * rows
     backend.close()
