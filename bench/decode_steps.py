@@ -33,7 +33,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from echo_node.backend_llama import LLAMA_CELLS, MAX_SEQUENCES, LlamaBackend, Model
+from echo_node.backend_llama import LLAMA_CELLS, MAX_SEQUENCES, LlamaBackend
 from echo_node.llama_decode import Generation
 
 QWEN_VOCAB = 151_936
@@ -85,12 +85,7 @@ def qwen_vocab(root: Path, threads: int, context: int = LLAMA_CELLS) -> LlamaBac
 
 def _from_gguf(path: Path, root: Path, threads: int, context: int) -> LlamaBackend:
     backend = LlamaBackend("f32", threads=threads, work_dir=root, context=context)
-    params = llama_cpp.llama_model_default_params()
-    params.use_extra_bufts = False
-    handle = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
-    if not handle:
-        raise RuntimeError(f"llama.cpp could not load {path}")
-    backend.use(backend._context(Model(path, handle)))
+    backend.use(backend.new_context(backend.load_file(path)))
     return backend
 
 

@@ -244,7 +244,7 @@ class LlamaBackend:
         these very weights use it as their base."""
         model = self._load_model(config_json, weights, variant)
         model.key = digest
-        return self._context(model)
+        return self.new_context(model)
 
     def prepare_lora(
         self,
@@ -289,7 +289,7 @@ class LlamaBackend:
         path.unlink()  # llama.cpp has read it into its own buffers
         if not lora:
             raise self._error("load the LoRA adapter")
-        loaded = self._context(base)
+        loaded = self.new_context(base)
         loaded.adapter = lora
         if (
             llama_cpp.llama_set_adapters_lora(
@@ -311,6 +311,11 @@ class LlamaBackend:
             write_atomic(path, weights)
         else:
             write_gguf(config_json, f32_tensors(weights), path, self.dtype)
+        return self.load_file(path)
+
+    def load_file(self, path: Path) -> Model:
+        """The GGUF at ``path``, loaded on this backend's device (the model
+        deletes the file when it is freed)."""
         recent_log.clear()  # what it says from here is about this load
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = self.gpu_layers
@@ -324,7 +329,7 @@ class LlamaBackend:
             raise self._error(f"load {path.name}")
         return Model(path, model)
 
-    def _context(self, model: Model) -> Loaded:
+    def new_context(self, model: Model) -> Loaded:
         """A context to generate with on ``model`` (which it then holds)."""
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = params.n_batch = self.kv_cells

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from gpu import SMOLLM2_SHAPE
 
 from echo_node.backend_choice import spec_of
 from echo_node.backend_llama import LLAMA_CELLS
@@ -25,19 +26,7 @@ from echo_node.refusals import Refused
 LLAMA, TORCH = spec_of("llama"), spec_of("torch")
 
 # SmolLM2-135M-Instruct's shape (its GGUF's config), without loading it.
-SMOLLM2 = json.dumps(
-    {
-        "model_type": "llama",
-        "vocab_size": 49152,
-        "hidden_size": 576,
-        "intermediate_size": 1536,
-        "num_hidden_layers": 30,
-        "num_attention_heads": 9,
-        "num_key_value_heads": 3,
-        "max_position_embeddings": 8192,
-        "tie_word_embeddings": True,
-    }
-)
+SMOLLM2 = json.dumps(SMOLLM2_SHAPE)
 
 # Peak RSS growth of one torch generate call, in a fresh process, next to the
 # estimate for the same call.
