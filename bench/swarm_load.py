@@ -2,9 +2,10 @@
 
 For each level N (default 10, 100, 300, 1000) a fresh swarm of real
 processes on loopback: a bootstrap peer, a learner (``echo-learner run``,
-the built-in tiny model on the reverse task, async mode) pinned to the first
-CPU, and a few emulator processes (bench/load_identities.py) pinned with
-everything else to the second. Each emulator runs one real node that follows
+the built-in tiny model on the reverse task, async mode, training and
+verifying on ``--learner-device``) pinned to the first CPU (the first
+``--learner-cpus``), and a few emulator processes (bench/load_identities.py)
+pinned with everything else to the rest. Each emulator runs one real node that follows
 the learner's versions and shares its weights with its N/processes light
 identities: real libp2p peers with their own keys, each asking for work,
 generating real rollouts, signing and submitting them, checking receipts and
@@ -63,6 +64,7 @@ must be installed) and adds its hottest frames.
     python bench/swarm_load.py --json               # N = 10, 100, 300, 1000: ~20 minutes
     python bench/swarm_load.py --levels 300 --compare-verify --json
     python bench/swarm_load.py --levels 300 --compare-streams --json
+    python bench/swarm_load.py --levels 300,1000 --learner-device cuda --learner-cpus 2 --json   # a GPU machine
 """
 
 from __future__ import annotations
@@ -121,6 +123,7 @@ class Job:
     publish_every: int = 8
     assignment_timeout_s: float = 60.0  # a laptop's 30 s plus a learner slowed by the load
     verify_batch: int | None = None  # None: the learner's default
+    device: str = "cpu"  # where it trains and verifies (--learner-device)
 
     def learner_args(self, identities: int) -> list[str]:
         args = [
@@ -135,7 +138,7 @@ class Job:
             "--assignment-timeout-s", str(self.assignment_timeout_s),
             "--steps", "1000000",
             "--eval-every", "0",  # held-out scoring would take the learner's core
-            "--device", "cpu",
+            "--device", self.device,
             "--max-connections", str(max_connections(identities)),
         ]  # fmt: skip
         if self.verify_batch is not None:
@@ -630,6 +633,18 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=Load.processes, help="emulator processes")
     parser.add_argument("--verify-batch", type=int, default=None, help="passed to the learner (default: its own)")
     parser.add_argument(
+        "--learner-device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="where the learner trains and verifies (its --device; default: cpu)",
+    )
+    parser.add_argument(
+        "--learner-cpus",
+        type=int,
+        default=1,
+        help="CPUs pinned to the learner, the first ones; the emulators get the rest (default: 1)",
+    )
+    parser.add_argument(
         "--compare-verify",
         action="store_true",
         help="one level (the first of --levels, else 300) with --verify-batch 1 and with the default",
@@ -672,16 +687,19 @@ def main() -> None:
         duration_s=args.duration_s if args.duration_s is not None else load.duration_s,
         settle_s=args.settle_s if args.settle_s is not None else load.settle_s,
     )
-    job = Job(verify_batch=args.verify_batch)
+    job = Job(verify_batch=args.verify_batch, device=args.learner_device)
     if args.verify_batch is not None and not learner_supports("--verify-batch"):
         parser.error("this learner has no --verify-batch")
 
-    # The learner on the first CPU; the emulators, the bootstrap peer and this
-    # process on the rest (the second, on a 2-core machine).
+    # The learner on the first --learner-cpus CPUs; the emulators, the
+    # bootstrap peer and this process on the rest (the second, on a 2-core
+    # machine; on a GPU machine, the learner's GPU and a few cores).
     all_cpus = sorted(os.sched_getaffinity(0))
-    if len(all_cpus) < 2:
-        parser.error("needs two CPUs: the learner on one, the emulators on another")
-    cpus = ({all_cpus[0]}, set(all_cpus[1:]))
+    if not 1 <= args.learner_cpus < len(all_cpus):
+        parser.error(
+            f"--learner-cpus {args.learner_cpus}: the learner needs one CPU and the emulators one, of {len(all_cpus)}"
+        )
+    cpus = (set(all_cpus[: args.learner_cpus]), set(all_cpus[args.learner_cpus :]))
     os.sched_setaffinity(0, cpus[1])
 
     base = args.dir or Path(tempfile.mkdtemp(prefix="echo-swarm-load-"))

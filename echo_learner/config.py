@@ -269,6 +269,12 @@ class LearnerConfig(ConnectionSettings):
         "where to train and recompute log-probs: auto (a CUDA GPU if torch sees one, else the CPU), cpu, cuda or mps",
         choices=("auto", "cpu", "cuda", "mps"),
     )
+    train_precision: str = setting(
+        "auto",
+        "the training passes' arithmetic: f32, or bf16 (autocast: matmuls in bf16, weights, optimiser and loss in "
+        "f32, as TRL on a GPU); auto: bf16 on a CUDA GPU, else f32. Verification is f32 whatever this says",
+        choices=("auto", "f32", "bf16"),
+    )
     logit_memory_mib: int = setting(
         1024,
         "most memory one forward pass may spend on logits: training and verification split batches "

@@ -61,7 +61,7 @@ from echo_learner.training.lora import (
 from echo_learner.training.model import config_json, describe, load_model, render_prompt, stop_ids, tokenizer_digest
 from echo_learner.training.priority import lowered, set_model_work_nice
 from echo_learner.training.train_group import TrainGroup, check_train_procs
-from echo_learner.training.trainer import Objective, StepStats, Trainer
+from echo_learner.training.trainer import Objective, Passes, StepStats, Trainer
 from echo_learner.verify.verifier import Limits, Policies, Verifier
 from protocol import codec
 from protocol.broadcast import bitfield
@@ -405,16 +405,24 @@ class Learner:
             importance_level=cfg.importance_sampling_level,
             max_completion_length=cfg.max_new_tokens,
         )
-        common = {
+        max_logit_bytes = cfg.logit_memory_mib * 2**20
+        if cfg.train_procs == 1:
+            precision = cfg.train_precision
+            if precision == "auto":
+                precision = "bf16" if self.device.type == "cuda" else "f32"
+            return Trainer(
+                self.model,
+                objective=objective,
+                lr=cfg.lr,
+                pad_id=self.tokenizer.pad_token_id,
+                temperature=cfg.temperature,
+                passes=Passes(max_logit_bytes=max_logit_bytes, precision=precision),
+            )
+        settings = {
             "lr": cfg.lr,
             "pad_id": self.tokenizer.pad_token_id,
-            "max_logit_bytes": cfg.logit_memory_mib * 2**20,
+            "max_logit_bytes": max_logit_bytes,
             "temperature": cfg.temperature,
-        }
-        if cfg.train_procs == 1:
-            return Trainer(self.model, objective=objective, **common)
-        settings = {
-            **common,
             "model": cfg.model,
             "seed": cfg.seed,
             "lora": self.lora.as_dict() if self.lora else None,

@@ -23,7 +23,7 @@ from policies import policies
 from echo_learner.training.device import choose as learner_device
 from echo_learner.training.logprobs import grouped_token_stats
 from echo_learner.training.model import build_model
-from echo_learner.training.trainer import Objective, ScoredGroup, Trainer
+from echo_learner.training.trainer import Objective, Passes, ScoredGroup, Trainer
 from echo_node.backend_choice import llama_installed
 
 pytestmark = [
@@ -114,3 +114,20 @@ def test_a_cpu_learner_accepts_every_honest_llama_rollout_made_on_the_gpu(dtype,
         pytest.skip("llama.cpp here was built without CUDA (../shared/gpu/check.sh builds it with)")
     result = honest_rollouts("llama", dtype, "cuda", list(policies(trained)))
     assert result["rollouts"] >= 2000 and result["refused"] == 0, result
+
+
+def test_a_bf16_training_step_on_the_gpu_is_near_the_f32_one(trained):
+    """The learner trains under bf16 autocast on a GPU (--train-precision auto):
+    the loss near f32's, every weight still f32 after the step."""
+    losses = {}
+    for precision in ("f32", "bf16"):
+        model = build_model()
+        model.load_state_dict(trained.state_dict())
+        model = model.to("cuda")
+        losses[precision] = (
+            Trainer(model, lr=1e-3, objective=OBJ, pad_id=PAD, passes=Passes(precision=precision))
+            .step(scored_groups(0))
+            .loss
+        )
+        assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert abs(losses["bf16"] - losses["f32"]) < 0.02 * abs(losses["f32"]) + 1e-3, losses

@@ -1,8 +1,8 @@
 """Log-probs of completion tokens under a model: used to train and to verify.
 
-The trainer needs them with gradients, group by group, sharing each prompt's
-KV cache (``shared_prompt_logprobs``); verification recomputes a node's
-reported log-probs the same way (``grouped_token_stats``), and
+The trainer needs them with gradients, its groups packed each prompt once
+(``echo_learner.training.packing``); verification recomputes a node's
+reported log-probs sharing each prompt's KV cache (``grouped_token_stats``), and
 ``completion_logprobs``, the plain recompute of whole rows, is what both are
 tested against. All
 are the log-softmax of the logits over the job's sampling temperature (the
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from echo_learner.training.device import of as device_of
 
@@ -46,7 +45,7 @@ CONCENTRATION = 0.1
 TAIL_DEFICIT = 0.5
 ALTERNATIVES = ("hotter", "colder", "concentrated", "tail")
 TRAIN_BYTES_PER_LOGIT = 4 * 4
-# Training's batches of completions: at most this many padded tokens per real one.
+# Verification's batches of completions: at most this many padded tokens per real one.
 PADDING_SLACK = 1.25
 
 
@@ -101,25 +100,6 @@ def completion_logprobs(
     return taken, mask
 
 
-def training_parts(
-    prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], vocab: int, max_bytes: int
-) -> list[slice]:
-    """The forward passes of a training step: runs of rows that continue the
-    same prompt (a GRPO group), each cut where its completions' logits
-    would exceed ``max_bytes``."""
-    parts: list[slice] = []
-    start = 0
-    for i in range(1, len(prompts) + 1):
-        if i == len(prompts) or prompts[i] != prompts[start]:
-            widths = [len(c) for c in completions[start:i]]
-            parts += [
-                slice(start + s.start, start + s.stop)
-                for s in row_slices(widths, vocab, max_bytes, TRAIN_BYTES_PER_LOGIT)
-            ]
-            start = i
-    return parts
-
-
 def length_buckets(lengths: Sequence[int], slack: float = PADDING_SLACK) -> list[list[int]]:
     """Rows (indices) in batches of similar length, longest first: a batch
     is padded to its longest row, and ``slack`` bounds its padded tokens
@@ -137,55 +117,6 @@ def length_buckets(lengths: Sequence[int], slack: float = PADDING_SLACK) -> list
     return buckets
 
 
-def shared_prompt_logprobs(
-    model: torch.nn.Module,
-    prompt: Sequence[int],
-    completions: Sequence[Sequence[int]],
-    pad_id: int,
-    temperature: float = 1.0,
-    padding_slack: float = PADDING_SLACK,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(logprobs, mask)`` of completions of one prompt, both ``[n, longest]``:
-    column j is completion token j; ``mask`` marks real tokens. With
-    gradients when the caller has them on (training).
-
-    The prompt goes through the model once and its KV cache serves every
-    completion, where ``completion_logprobs`` runs it once per completion
-    and takes the logits of every prompt position too; and completions go
-    through in batches of similar length (``length_buckets``), not all
-    padded to the longest (docs/learner.md, "Against TRL", has the
-    figures). The gradient flows through the cache into the prompt's pass.
-    """
-    where = device_of(model)
-    lengths = [len(c) for c in completions]
-    out = model(input_ids=torch.tensor([list(prompt)], device=where), use_cache=True, logits_to_keep=1)
-    firsts = torch.tensor([c[0] for c in completions], device=where)
-    first = torch.log_softmax(out.logits[0, -1].float() / temperature, dim=-1)[firsts]
-    rows: list[torch.Tensor] = [first[i : i + 1] for i in range(len(completions))]
-    prompt_kv = list(out.past_key_values)
-    for bucket in length_buckets(lengths, padding_slack):
-        width = lengths[bucket[0]]
-        if width < 2:
-            break  # the rest are one-token completions: the prompt's pass scored them
-        tokens = torch.full((len(bucket), width), pad_id, dtype=torch.long)
-        for j, i in enumerate(bucket):
-            tokens[j, : lengths[i]] = torch.tensor(list(completions[i]))
-        tokens = tokens.to(where)
-        # Every row continues the prompt: its cache, shared (expand copies nothing).
-        n = len(bucket)
-        cache = DynamicCache(
-            ddp_cache_data=[(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v, *_ in prompt_kv],
-            config=model.config,
-        )
-        # Right padding comes after every real token: causal attention never sees it.
-        positions = (len(prompt) + torch.arange(width - 1, device=where)).expand(len(bucket), -1)
-        logits = model(input_ids=tokens[:, :-1], position_ids=positions, cache=cache).logits
-        rest = torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
-        for j, i in enumerate(bucket):
-            rows[i] = torch.cat([first[i : i + 1], rest[j, : lengths[i] - 1]])
-    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), completion_mask(lengths, where)
-
-
 def whole_row_logprobs(
     model: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
@@ -193,7 +124,7 @@ def whole_row_logprobs(
     pad_id: int,
     temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``completion_logprobs`` in ``shared_prompt_logprobs``' layout, from one
+    """``completion_logprobs`` in ``packing.packed_logprobs``' layout, from one
     forward pass whatever the rows: what sharded (FSDP) ranks need, whose
     every pass is a collective that all ranks must make alike."""
     full, _ = completion_logprobs(model, prompts, completions, pad_id, temperature)
@@ -208,7 +139,7 @@ def completion_mask(lengths: Sequence[int], device: torch.device | None = None) 
 
 
 def right_padded(values: Sequence[Sequence[float]], width: int, device: torch.device | None = None) -> torch.Tensor:
-    """Per-completion-token values laid out like ``shared_prompt_logprobs``' output."""
+    """Per-completion-token values laid out like ``packing.packed_logprobs``' output."""
     out = torch.zeros((len(values), width))
     for i, v in enumerate(values):
         out[i, : len(v)] = torch.tensor(v, dtype=torch.float32)

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from echo_learner.training.trainer import Batch, Objective, ScoredGroup, Trainer, reward_mean
+from echo_learner.training.trainer import Batch, Objective, Passes, ScoredGroup, Trainer, reward_mean
 
 AUTHKEY_ENV = "ECHO_TRAIN_AUTHKEY"
 
@@ -127,10 +127,10 @@ class Worker:
             lr=settings["lr"],
             objective=Objective(**settings["objective"]),
             pad_id=settings["pad_id"],
-            max_logit_bytes=settings["max_logit_bytes"],
             temperature=settings["temperature"],
             reference=reference,
-            share_prompts=False,  # every rank makes the same passes, whatever its rows
+            # Every rank makes the same passes, whatever its rows.
+            passes=Passes(max_logit_bytes=settings["max_logit_bytes"], pack=False),
         )
         self.rank, self.world = dist.get_rank(), world
 

@@ -26,15 +26,9 @@ from echo_learner.training.grpo import (
     loss_numerator,
     token_sum,
 )
-from echo_learner.training.logprobs import (
-    TRAIN_BYTES_PER_LOGIT,
-    right_padded,
-    row_slices,
-    shared_prompt_logprobs,
-    training_parts,
-    whole_row_logprobs,
-)
+from echo_learner.training.logprobs import TRAIN_BYTES_PER_LOGIT, right_padded, row_slices, whole_row_logprobs
 from echo_learner.training.lora import frozen_copy, state_bytes
+from echo_learner.training.packing import packed_logprobs, parts
 
 
 @dataclass(frozen=True)
@@ -83,6 +77,26 @@ class Objective:
             raise ValueError("dr_grpo divides by max_completion_length: give it")
 
 
+PRECISIONS = ("f32", "bf16")
+
+
+@dataclass(frozen=True)
+class Passes:
+    """How a step goes through the model."""
+
+    max_logit_bytes: int = 2**30  # logits one pass may hold: a bigger batch goes in parts
+    # Groups packed, each prompt once (few passes, fewer tokens), or whole
+    # rows in parts (a fixed number of passes: FSDP ranks need that).
+    pack: bool = True
+    # "bf16": the passes under bf16 autocast, weights and optimiser in f32
+    # (what TRL does on a GPU); the loss is computed in f32 either way.
+    precision: str = "f32"
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, not {self.precision!r}")
+
+
 def trainable_of(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
@@ -95,19 +109,15 @@ class Trainer:
         lr: float,
         objective: Objective,
         pad_id: int,
-        max_logit_bytes: int = 2**30,
         temperature: float = 1.0,
         reference: torch.nn.Module | None = None,
-        share_prompts: bool = True,
+        passes: Passes = Passes(),
     ):
         self.model = model
-        # One pass per prompt and its group (fewer tokens), or one per part
-        # of whole rows (a fixed number of passes: FSDP ranks need that).
-        self.share_prompts = share_prompts
+        self._passes = passes
         self.temperature = temperature
         self.objective = objective
         self.pad_id = pad_id
-        self.max_logit_bytes = max_logit_bytes
         # Only what trains (a LoRA model's adapters; every weight otherwise).
         trainable = list(trainable_of(model))
         # torch's fused kernel: 0.09 s a step for SmolLM2's weights on one
@@ -149,9 +159,9 @@ class Trainer:
         """Accumulate the gradient of ``rows``' share of the batch's loss;
         their ``(loss, kl)`` contributions.
 
-        Each group goes through the model on its own, its prompt once
-        (``logprobs.shared_prompt_logprobs``), long answers in parts whose
-        logits fit the memory budget; each part's loss divided by the whole batch's
+        The groups go through the model packed, each prompt once
+        (``packing.packed_logprobs``), in parts whose logits fit the memory
+        budget; each part's loss divided by the whole batch's
         denominator (``grpo.loss_denominator``), so that parts (and the ranks
         of ``--train-procs``, each given some rows) add up to the whole
         batch's loss. ``passes``: run at least this many forward/backward
@@ -165,12 +175,12 @@ class Trainer:
         completions = [batch.completions[i] for i in rows]
         behaviour = [batch.behaviour[i] for i in rows]
         advantages = batch.advantages[rows.start : rows.stop : rows.step].to(where)
-        parts = self._parts(prompts, completions)
+        pieces = self._parts(prompts, completions)
         total_loss, total_kl = 0.0, 0.0
         denominator = loss_denominator(
             obj.loss_type, rows=batch.rows, tokens=batch.tokens, max_completion_length=obj.max_completion_length
         )
-        for part in parts:
+        for part in pieces:
             logprobs, mask = self._logprobs(self.model, prompts, completions, part)
             old = right_padded(behaviour[part], logprobs.shape[1], where)
             weights = log_importance_weights(logprobs, old, mask, obj.importance_level)
@@ -192,7 +202,7 @@ class Trainer:
             (loss * scale).backward()
             total_loss += float(loss.detach())
             total_kl += float(kl.detach())
-        for _ in range(passes - len(parts)):
+        for _ in range(passes - len(pieces)):
             self._empty_pass()
         return total_loss, total_kl
 
@@ -207,17 +217,18 @@ class Trainer:
 
     def _parts(self, prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]]) -> list[slice]:
         vocab = self.model.config.vocab_size
-        if self.share_prompts:
-            return training_parts(prompts, completions, vocab, self.max_logit_bytes)
+        if self._passes.pack:
+            return parts(prompts, completions, vocab, self._passes.max_logit_bytes)
         widths = [len(p) + len(c) for p, c in zip(prompts, completions)]
-        return row_slices(widths, vocab, self.max_logit_bytes, TRAIN_BYTES_PER_LOGIT)
+        return row_slices(widths, vocab, self._passes.max_logit_bytes, TRAIN_BYTES_PER_LOGIT)
 
     def _logprobs(
         self, model: torch.nn.Module, prompts: list, completions: list, part: slice
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.share_prompts:
-            return shared_prompt_logprobs(model, prompts[part.start], completions[part], self.pad_id, self.temperature)
-        return whole_row_logprobs(model, prompts[part], completions[part], self.pad_id, self.temperature)
+        with torch.autocast(device_of(model).type, dtype=torch.bfloat16, enabled=self._passes.precision == "bf16"):
+            if self._passes.pack:
+                return packed_logprobs(model, prompts[part], completions[part], self.pad_id, self.temperature)
+            return whole_row_logprobs(model, prompts[part], completions[part], self.pad_id, self.temperature)
 
     # What the learner does around steps; the same for --train-procs workers
     # (echo_learner.training.train_group.TrainGroup).

@@ -153,34 +153,6 @@ def test_many_small_shifts_are_caught_by_the_batch_mean():
     assert check_logprobs(logprob_error(model, prompts, one_token, pad_id=256), tolerance("llama", "q8_0")) is None
 
 
-def test_training_s_shared_prompt_pass_equals_the_full_one_with_its_gradient():
-    """Training runs each prompt once and shares its KV cache with the
-    group's completions: the same log-probs as whole rows, and the same
-    gradient flows back (through the cache into the prompt's pass)."""
-    from echo_learner.training.logprobs import completion_logprobs, shared_prompt_logprobs
-
-    rng = random.Random(5)
-    model = build_model(ModelShape(seed=1)).train()
-    prompt = (257, *(rng.randrange(97, 101) for _ in range(9)), 61)
-    completions = [tuple(rng.randrange(0, 259) for _ in range(rng.randint(1, 12))) for _ in range(6)]
-    weights = torch.randn(6, 12)  # a loss that weighs every token differently
-
-    def gradient(logprobs, mask, columns):
-        model.zero_grad()
-        (logprobs * mask * columns).sum().backward()
-        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-
-    shared, mask = shared_prompt_logprobs(model, prompt, completions, pad_id=256, temperature=0.7)
-    shared_grad = gradient(shared, mask, weights[:, : shared.shape[1]])
-    full, full_mask = completion_logprobs(model, [prompt] * 6, completions, pad_id=256, temperature=0.7)
-    # Whole rows lay completion token j at position len(prompt) - 1 + j.
-    full, full_mask = full[:, len(prompt) - 1 :], full_mask[:, len(prompt) - 1 :]
-    assert torch.equal(mask, full_mask[:, : mask.shape[1]])
-    assert (shared - full[:, : shared.shape[1]]).mul(mask).abs().max() < 1e-5
-    full_grad = gradient(full[:, : shared.shape[1]], mask, weights[:, : shared.shape[1]])
-    assert torch.allclose(shared_grad, full_grad, atol=1e-5, rtol=1e-4)
-
-
 def test_the_grouped_recompute_equals_the_full_one():
     """Verification shares each prompt's KV cache; training recomputes whole rows."""
     from echo_learner.training.logprobs import completion_logprobs, grouped_logprobs

@@ -7,7 +7,7 @@ import torch
 
 from echo_learner.training.model import build_model
 from echo_learner.training.train_group import TrainGroup, TrainGroupError
-from echo_learner.training.trainer import Objective, ScoredGroup, Trainer
+from echo_learner.training.trainer import Objective, Passes, ScoredGroup, Trainer
 
 pytestmark = pytest.mark.procs  # torchrun and its ranks: the full suite only
 
@@ -56,7 +56,7 @@ def one_process(steps: list[list[ScoredGroup]], checkpoint: tuple[dict, dict] | 
     # As the learner does: the trainer (and its KL reference) first, from the
     # starting weights; then a checkpoint's state.
     trainer = Trainer(
-        model, lr=LR, objective=OBJ, pad_id=256, temperature=0.8, share_prompts=False
+        model, lr=LR, objective=OBJ, pad_id=256, temperature=0.8, passes=Passes(pack=False)
     )  # as the ranks run it
     if checkpoint is not None:
         model.load_state_dict(checkpoint[0])
@@ -117,7 +117,7 @@ def test_lora_adapters_train_alike_on_two_ranks():
     two = copy.deepcopy(one)
     # No KL: its reference is the model the ranks build (B = 0), not these weights.
     no_kl = Objective(OBJ.clip_eps, OBJ.ratio_cap, kl_coef=0.0)
-    trainer = Trainer(one, lr=1e-2, objective=no_kl, pad_id=256, temperature=0.8, share_prompts=False)
+    trainer = Trainer(one, lr=1e-2, objective=no_kl, pad_id=256, temperature=0.8, passes=Passes(pack=False))
     objective = {"clip_eps": no_kl.clip_eps, "ratio_cap": no_kl.ratio_cap, "kl_coef": 0.0}
     with TrainGroup(two, procs=2, settings=settings(lr=1e-2, lora=lora.as_dict(), objective=objective)) as group:
         for batch in batches(2):

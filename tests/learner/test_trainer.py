@@ -3,7 +3,7 @@
 import torch
 
 from echo_learner.training.model import build_model, build_tokenizer, config_json, tokenizer_digest
-from echo_learner.training.trainer import Objective, ScoredGroup, Trainer
+from echo_learner.training.trainer import Objective, Passes, ScoredGroup, Trainer
 from echo_node.backend_torch import TorchBackend
 
 OBJ = Objective(clip_eps=0.2, ratio_cap=3.0, kl_coef=0.0)
@@ -89,7 +89,9 @@ def test_a_step_split_to_fit_its_memory_budget_equals_one_pass():
     results = []
     for budget in (2**30, 2 * 30 * 259 * TRAIN_BYTES_PER_LOGIT):  # everything at once; about two rows a pass
         model = build_model()
-        trainer = Trainer(model, lr=1e-3, objective=OBJ, pad_id=256, max_logit_bytes=budget, temperature=0.8)
+        trainer = Trainer(
+            model, lr=1e-3, objective=OBJ, pad_id=256, passes=Passes(max_logit_bytes=budget), temperature=0.8
+        )
         stats = trainer.step(groups)
         # The gradient, not the weights: Adam's first step is about lr x its
         # sign, which rounding flips where it is near 0.

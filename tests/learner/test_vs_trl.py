@@ -17,7 +17,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from echo_learner.training.logprobs import completion_logprobs
 from echo_learner.training.model import build_model, build_tokenizer
-from echo_learner.training.trainer import Batch, Objective, ScoredGroup, Trainer
+from echo_learner.training.trainer import Batch, Objective, Passes, ScoredGroup, Trainer
 
 GROUP = 4
 MAX_COMPLETION_LENGTH = 8
@@ -149,8 +149,7 @@ def echo_loss(
         objective=objective,
         pad_id=tokenizer.pad_token_id,
         temperature=TEMPERATURE,
-        max_logit_bytes=max_logit_bytes,
-        share_prompts=share_prompts,
+        passes=Passes(max_logit_bytes=max_logit_bytes, pack=share_prompts),
     )
     model.load_state_dict(moved)  # after the reference was copied from the start
     groups = [
